@@ -1,0 +1,127 @@
+// Python bindings of the device core (npusim._C). Calls that can wait on a
+// stream release the GIL: stream workers may need it to destroy tensors.
+#include "device_hooks.h"
+#include "primitives.h"
+#include "runtime.h"
+
+#include <ATen/CPUGeneratorImpl.h>
+#include <torch/csrc/utils/pybind.h>
+
+namespace py = pybind11;
+using npusim::NpuStream;
+
+namespace {
+
+py::tuple stream_tuple(const NpuStream& s) {
+  return py::make_tuple(s.id(), static_cast<int>(s.device()), static_cast<int>(c10::DeviceType::PrivateUse1));
+}
+
+py::dict memory_stats_dict(const npusim::MemoryStats& s) {
+  py::dict d;
+  d["allocated_bytes"] = s.allocated.load();
+  d["peak_allocated_bytes"] = s.peak_allocated.load();
+  d["reserved_bytes"] = s.reserved.load();
+  d["peak_reserved_bytes"] = s.peak_reserved.load();
+  d["capacity_bytes"] = s.capacity.load();
+  d["num_allocs"] = s.num_allocs.load();
+  d["num_ooms"] = s.num_ooms.load();
+  return d;
+}
+
+}  // namespace
+
+PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
+  using release = py::call_guard<py::gil_scoped_release>;
+
+  m.def("register_device", &npusim::register_device);
+
+  // devices
+  m.def("device_count", &npusim::device_count);
+  m.def("set_device_count", &npusim::set_device_count);
+  m.def("current_device", [] { return static_cast<int>(npusim::current_device()); });
+  m.def("set_device", [](int i) { npusim::set_current_device(static_cast<c10::DeviceIndex>(i)); });
+
+  // streams
+  m.def("current_stream", [](int device) { return stream_tuple(npusim::current_stream(device)); });
+  m.def("default_stream", [](int device) {
+    npusim::check_device_index(device, "default_stream");
+    return stream_tuple(npusim::default_stream(device));
+  });
+  m.def("set_stream", [](int64_t id, int device) {
+    // As torch.cuda.set_stream: the stream's device becomes current too.
+    const NpuStream& s = npusim::stream_for(device, id);
+    npusim::set_current_device(s.device());
+    npusim::exchange_current_stream(s.unwrap());
+  });
+  m.def("stream_priority", [](int64_t id, int device) {
+    return npusim::stream_for(device, id).priority();
+  });
+  m.def("stream_pending", [](int64_t id, int device) {
+    const NpuStream& s = npusim::stream_for(device, id);
+    return s.enqueued() - s.completed();
+  });
+  m.def("synchronize_stream",
+      [](int64_t id, int device, double timeout_s) {
+        npusim::stream_for(device, id).synchronize(timeout_s);
+      },
+      py::arg("stream_id"), py::arg("device"), py::arg("timeout_s") = -1.0, release());
+  m.def("synchronize_device", [](int device) {
+    npusim::check_device_index(device, "synchronize");
+    npusim::synchronize_device(device);
+  }, release());
+  m.def("synchronize_all", &npusim::synchronize_all, release());
+
+  // memory
+  m.def("memory_stats", [](int device) { return memory_stats_dict(npusim::memory_stats(device)); });
+  m.def("host_pinned_stats", [] { return memory_stats_dict(npusim::host_pinned_stats()); });
+  m.def("set_memory_capacity", [](int device, int64_t bytes) {
+    npusim::memory_stats(device).capacity = bytes;
+  });
+  m.def("reset_peak_memory_stats", [](int device) { npusim::reset_peak_stats(device); });
+  m.def("empty_cache", &npusim::empty_cache);
+
+  // timing model
+  m.def("set_timing_model", [](double copy_bytes_per_us, double launch_latency_us, double link_bytes_per_us) {
+    auto& t = npusim::timing_model();
+    t.copy_bytes_per_us = copy_bytes_per_us;
+    t.launch_latency_us = launch_latency_us;
+    t.link_bytes_per_us = link_bytes_per_us;
+  });
+  m.def("timing_model", [] {
+    auto& t = npusim::timing_model();
+    return py::make_tuple(t.copy_bytes_per_us.load(), t.launch_latency_us.load(), t.link_bytes_per_us.load());
+  });
+
+  // random numbers
+  m.def("manual_seed", [](int device, uint64_t seed) {
+    auto gen = npusim::device_generator(device);
+    std::lock_guard<std::mutex> lock(gen.mutex());
+    gen.set_current_seed(seed);
+  });
+  m.def("seed", [](int device) {
+    auto gen = npusim::device_generator(device);
+    std::lock_guard<std::mutex> lock(gen.mutex());
+    return gen.seed();
+  });
+  m.def("initial_seed", [](int device) { return npusim::device_generator(device).current_seed(); });
+  m.def("get_rng_state", [](int device) {
+    auto gen = npusim::device_generator(device);
+    std::lock_guard<std::mutex> lock(gen.mutex());
+    return gen.get_state();
+  });
+  m.def("set_rng_state", [](int device, const at::Tensor& state) {
+    auto gen = npusim::device_generator(device);
+    std::lock_guard<std::mutex> lock(gen.mutex());
+    gen.set_state(state);
+  });
+
+  // ACL-like primitives for the operator layer
+  m.attr("SINGLE_FOREACH_OP_TENSOR_COUNT") = npusim::kSingleForeachOpTensorCount;
+  m.def("launch_foreach_copy", &npusim::launch_foreach_copy);
+  m.def("memcpy_batch", &npusim::memcpy_batch, release());
+  m.def("memcpy_batch_async", &npusim::memcpy_batch_async, release());
+  m.def("can_use_fast_route", &npusim::can_use_fast_route);
+  m.def("check_foreach_api_restrictions", &npusim::check_foreach_api_restrictions);
+  m.def("increment_version", &npusim::increment_version);
+  m.def("is_pinned_ptr", [](uintptr_t ptr) { return npusim::is_pinned_ptr(reinterpret_cast<void*>(ptr)); });
+}

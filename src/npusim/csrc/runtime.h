@@ -1,0 +1,172 @@
+// The simulated NPU runtime: devices, streams, events, device and pinned host
+// memory, and the timing model. Names follow the ACL / CUDA runtime calls they
+// stand for. Everything here is plumbing; policy lives in Python.
+#pragma once
+
+#include <c10/core/Allocator.h>
+#include <c10/core/Device.h>
+#include <c10/core/Stream.h>
+
+#include <atomic>
+#include <chrono>
+#include <condition_variable>
+#include <cstdint>
+#include <deque>
+#include <functional>
+#include <memory>
+#include <mutex>
+#include <string>
+#include <thread>
+#include <vector>
+
+namespace npusim {
+
+constexpr int kMaxDevices = 16;
+// Streams per device: the default stream (id 0) plus a pool per priority.
+constexpr int kPoolSize = 8;
+constexpr int kPriorityLevels = 2;  // 0: normal, 1: high (priority < 0)
+constexpr int kStreamsPerDevice = 1 + kPoolSize * kPriorityLevels;
+
+// ---- devices --------------------------------------------------------------
+
+int device_count();
+// Only allowed before the first device is touched.
+void set_device_count(int count);
+c10::DeviceIndex current_device();
+void set_current_device(c10::DeviceIndex index);
+void check_device_index(int64_t index, const char* op);
+
+// ---- timing model ---------------------------------------------------------
+
+// All zero (off) by default: tasks then take as long as the host work does.
+struct TimingModel {
+  std::atomic<double> copy_bytes_per_us{0.0};  // device copy bandwidth
+  std::atomic<double> launch_latency_us{0.0};  // per device task
+  std::atomic<double> link_bytes_per_us{0.0};  // collective link bandwidth
+};
+TimingModel& timing_model();
+double copy_task_us(size_t bytes);
+double link_task_us(size_t bytes);
+
+// ---- streams --------------------------------------------------------------
+
+// A stream is a FIFO of host functions run by its own worker thread. The
+// enqueued/completed counters make query() honest: a popped task that is
+// still running counts as pending. See Note [Stream-ordered free].
+class NpuStream {
+ public:
+  NpuStream(c10::DeviceIndex device, c10::StreamId id, int priority);
+  NpuStream(const NpuStream&) = delete;
+  NpuStream& operator=(const NpuStream&) = delete;
+
+  // duration_us > 0: the task occupies the stream at least that long
+  // (timing model), measured from the moment the worker starts it.
+  void enqueue(std::function<void()> fn, double duration_us = 0.0);
+  bool query() const {
+    return completed_.load(std::memory_order_acquire) ==
+        enqueued_.load(std::memory_order_acquire);
+  }
+  // timeout_s < 0 waits forever; on timeout raises an error naming the stream.
+  void synchronize(double timeout_s = -1.0);
+  uint64_t enqueued() const { return enqueued_.load(std::memory_order_acquire); }
+  uint64_t completed() const { return completed_.load(std::memory_order_acquire); }
+  // Waits until `target` tasks have completed; false on timeout.
+  bool wait_completed(uint64_t target, double timeout_s);
+
+  c10::DeviceIndex device() const { return device_; }
+  c10::StreamId id() const { return id_; }
+  int priority() const { return priority_; }
+  std::string name() const;
+  c10::Stream unwrap() const;
+
+ private:
+  struct Task {
+    std::function<void()> fn;
+    double duration_us;
+  };
+  void run();
+  void raise_pending_error();
+
+  const c10::DeviceIndex device_;
+  const c10::StreamId id_;
+  const int priority_;
+  std::mutex mutex_;
+  std::condition_variable work_cv_;
+  std::condition_variable done_cv_;
+  std::deque<Task> queue_;
+  std::atomic<uint64_t> enqueued_{0};
+  std::atomic<uint64_t> completed_{0};
+  std::string error_;  // first failure of an asynchronous task
+  std::unique_ptr<std::thread> worker_;
+};
+
+NpuStream& stream_for(const c10::Stream& stream);
+NpuStream& stream_for(c10::DeviceIndex device, c10::StreamId id);
+NpuStream& current_stream(c10::DeviceIndex device = -1);
+NpuStream& default_stream(c10::DeviceIndex device);
+NpuStream& stream_from_pool(c10::DeviceIndex device, int priority);
+// Returns the previous current stream of that device (this thread).
+c10::Stream exchange_current_stream(const c10::Stream& stream);
+void synchronize_device(c10::DeviceIndex device);
+void synchronize_all();
+// Cheap check used before every host-side op: waits only if work is pending.
+inline void wait_current_stream_idle(c10::DeviceIndex device) {
+  NpuStream& s = current_stream(device);
+  if (!s.query()) {
+    s.synchronize();
+  }
+}
+
+// ---- events ---------------------------------------------------------------
+
+struct EventRecord {
+  std::mutex mutex;
+  std::condition_variable cv;
+  bool done = false;
+  std::chrono::steady_clock::time_point when;
+};
+
+// A recorded event points at the record of its latest record() call; waiting
+// streams capture that record, so re-recording never releases old waiters.
+struct NpuEvent {
+  bool enable_timing = false;
+  c10::DeviceIndex device = -1;
+  std::shared_ptr<EventRecord> record;
+};
+
+void event_record(NpuEvent& event, NpuStream& stream);
+void stream_wait_event(NpuStream& stream, const NpuEvent& event);
+bool event_query(const NpuEvent& event);
+void event_synchronize(const NpuEvent& event);
+double event_elapsed_ms(const NpuEvent& start, const NpuEvent& end);
+// Makes `waiter` wait for everything enqueued on `target` so far.
+void stream_wait_stream(NpuStream& waiter, NpuStream& target);
+
+// ---- memory ---------------------------------------------------------------
+
+struct MemoryStats {
+  std::atomic<int64_t> allocated{0};
+  std::atomic<int64_t> peak_allocated{0};
+  std::atomic<int64_t> reserved{0};  // allocated + freed-but-still-in-use
+  std::atomic<int64_t> peak_reserved{0};
+  std::atomic<int64_t> capacity{-1};  // -1: unlimited
+  std::atomic<int64_t> num_allocs{0};
+  std::atomic<int64_t> num_ooms{0};
+};
+MemoryStats& memory_stats(c10::DeviceIndex device);
+MemoryStats& host_pinned_stats();
+
+c10::Allocator* device_allocator();
+c10::Allocator* pinned_allocator();
+c10::DataPtr allocate_device(c10::DeviceIndex device, size_t nbytes);
+// Takes ownership of host memory produced by a CPU kernel and accounts it
+// as device memory of `device` (raises OutOfMemoryError over capacity).
+c10::DataPtr adopt_as_device(c10::DataPtr&& cpu, size_t nbytes, c10::DeviceIndex device);
+c10::DataPtr allocate_pinned(size_t nbytes);
+bool is_pinned_ptr(const void* ptr);
+// Frees what no stream can still touch; returns bytes released.
+int64_t reclaim_deferred_frees();
+void empty_cache();
+void reset_peak_stats(c10::DeviceIndex device);
+
+}  // namespace npusim

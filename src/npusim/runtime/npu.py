@@ -1,0 +1,66 @@
+"""The ``torch.npu`` module of the simulated NPU.
+
+npusim registers this module as ``torch.npu``; it offers what PyTorch asks
+of an accelerator's device module (devices, streams, events, memory, RNG,
+AMP) under the names torch.cuda uses.
+"""
+
+from npusim.runtime.device import (
+    _get_device_index,
+    _lazy_init,
+    current_device,
+    device,
+    device_count,
+    device_of,
+    get_amp_supported_dtype,
+    get_device_name,
+    init,
+    is_available,
+    is_bf16_supported,
+    is_initialized,
+    set_device,
+    synchronize,
+)
+from npusim.runtime.memory import (
+    empty_cache,
+    max_memory_allocated,
+    max_memory_reserved,
+    mem_get_info,
+    memory_allocated,
+    memory_reserved,
+    memory_stats,
+    reset_peak_memory_stats,
+    set_memory_capacity,
+)
+from npusim.runtime.random import (
+    get_rng_state,
+    get_rng_state_all,
+    initial_seed,
+    manual_seed,
+    manual_seed_all,
+    seed,
+    seed_all,
+    set_rng_state,
+    set_rng_state_all,
+)
+from npusim.runtime.streams import (
+    Event,
+    Stream,
+    StreamContext,
+    current_stream,
+    default_stream,
+    set_stream,
+    stream,
+    synchronize_stream,
+)
+
+__all__ = [
+    "Event", "Stream", "StreamContext", "_get_device_index", "_lazy_init", "current_device",
+    "current_stream", "default_stream", "device", "device_count", "device_of", "empty_cache",
+    "get_amp_supported_dtype", "get_device_name", "get_rng_state", "get_rng_state_all", "init",
+    "initial_seed", "is_available", "is_bf16_supported", "is_initialized", "manual_seed",
+    "manual_seed_all", "max_memory_allocated", "max_memory_reserved", "mem_get_info",
+    "memory_allocated", "memory_reserved", "memory_stats", "reset_peak_memory_stats", "seed",
+    "seed_all", "set_device", "set_memory_capacity", "set_rng_state", "set_rng_state_all",
+    "set_stream", "stream", "synchronize", "synchronize_stream",
+]

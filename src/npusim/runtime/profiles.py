@@ -1,0 +1,129 @@
+"""SoC / CANN capability profiles (SPEC.md section 4.3).
+
+A profile says what the simulated SoC, runtime and operator kernel can do;
+the ``_foreach_copy_`` routing reads it on every call. Select a preset by name
+and override single flags, through the API or the environment::
+
+    NPUSIM_PROFILE=inference_soc NPUSIM_PROFILE_OVERRIDES="batch=1" python ...
+    npusim.set_profile("old_cann", memcpy_batch_async=False)
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import os
+from collections.abc import Iterator
+from contextlib import contextmanager
+
+import torch
+
+_BASE_FAST_DTYPES = frozenset({
+    torch.float32, torch.float16, torch.bfloat16, torch.int32, torch.int16, torch.int8, torch.uint8,
+})
+_CANN_810_DTYPES = frozenset({torch.int64, torch.float64, torch.bool})
+
+
+@dataclasses.dataclass(frozen=True)
+class Profile:
+    """What the SoC, the CANN runtime and the op kernel support."""
+
+    name: str
+    nd_out: bool = True  # SoC supports the ND foreach kernel (fast path)
+    batch: bool = True  # SoC supports batched memcpy
+    memcpy_batch: bool = True  # runtime has the blocking batched memcpy
+    memcpy_batch_async: bool = True  # runtime has the asynchronous batched memcpy
+    cann_ge_810rc1: bool = True  # kernel supports int64, float64, bool
+    foreach_copy_kernel: bool = True  # operator kernel present (else DO_COMPATIBILITY)
+    sync_timeout_s: float = 300.0  # stream synchronize timeout before a blocking batch
+
+    @property
+    def fast_dtypes(self) -> frozenset[torch.dtype]:
+        return _BASE_FAST_DTYPES | _CANN_810_DTYPES if self.cann_ge_810rc1 else _BASE_FAST_DTYPES
+
+    def memcpy_batch_available(self, non_blocking: bool) -> bool:
+        return self.memcpy_batch_async if non_blocking else self.memcpy_batch
+
+    def replace(self, **overrides: object) -> Profile:
+        unknown = set(overrides) - {f.name for f in dataclasses.fields(self)}
+        if unknown:
+            raise ValueError(f"npusim profile: unknown flag(s) {sorted(unknown)}; "
+                             f"expected some of {FLAGS}")
+        return dataclasses.replace(self, **overrides)
+
+
+FLAGS = ("nd_out", "batch", "memcpy_batch", "memcpy_batch_async", "cann_ge_810rc1",
+         "foreach_copy_kernel")
+
+PRESETS: dict[str, Profile] = {
+    p.name: p
+    for p in (
+        Profile("training_soc"),
+        Profile("inference_soc", nd_out=False, batch=False),
+        Profile("old_cann", cann_ge_810rc1=False),
+        Profile("no_memcpy_batch", memcpy_batch=False, memcpy_batch_async=False),
+        Profile("no_foreach_kernel", foreach_copy_kernel=False),
+    )
+}
+DEFAULT = "training_soc"
+
+
+def _parse_bool(text: str, flag: str) -> bool:
+    value = text.strip().lower()
+    if value in ("1", "true", "yes", "on"):
+        return True
+    if value in ("0", "false", "no", "off"):
+        return False
+    raise ValueError(f"NPUSIM_PROFILE_OVERRIDES: flag {flag!r} expects a boolean, got {text!r}")
+
+
+def parse_overrides(text: str) -> dict[str, object]:
+    """Parses ``"nd_out=0,batch=true,sync_timeout_s=5"``."""
+    overrides: dict[str, object] = {}
+    for item in filter(None, (part.strip() for part in text.split(","))):
+        key, sep, value = item.partition("=")
+        if not sep:
+            raise ValueError(f"NPUSIM_PROFILE_OVERRIDES: expected flag=value, got {item!r}")
+        key = key.strip()
+        overrides[key] = float(value) if key == "sync_timeout_s" else _parse_bool(value, key)
+    return overrides
+
+
+def make_profile(name: str | Profile = DEFAULT, **overrides: object) -> Profile:
+    if isinstance(name, Profile):
+        base = name
+    else:
+        try:
+            base = PRESETS[name]
+        except KeyError:
+            raise ValueError(f"npusim profile: unknown preset {name!r}; expected one of {sorted(PRESETS)}") from None
+    return base.replace(**overrides) if overrides else base
+
+
+def _from_env() -> Profile:
+    return make_profile(os.environ.get("NPUSIM_PROFILE", DEFAULT),
+                        **parse_overrides(os.environ.get("NPUSIM_PROFILE_OVERRIDES", "")))
+
+
+_current: Profile = _from_env()
+
+
+def get_profile() -> Profile:
+    return _current
+
+
+def set_profile(name: str | Profile = DEFAULT, **overrides: object) -> Profile:
+    """Selects a preset (or a Profile) with per-flag overrides; returns it."""
+    global _current
+    _current = make_profile(name, **overrides)
+    return _current
+
+
+@contextmanager
+def use_profile(name: str | Profile = DEFAULT, **overrides: object) -> Iterator[Profile]:
+    """Temporarily selects a profile."""
+    global _current
+    previous = _current
+    try:
+        yield set_profile(name, **overrides)
+    finally:
+        _current = previous

@@ -1,0 +1,47 @@
+"""Random number state of the ``torch.npu`` module (one generator per device)."""
+
+from __future__ import annotations
+
+import torch
+
+from npusim.runtime._core import C
+from npusim.runtime.device import _device_t, _get_device_index
+
+
+def manual_seed(seed: int) -> None:
+    C.manual_seed(C.current_device(), int(seed))
+
+
+def manual_seed_all(seed: int) -> None:
+    for index in range(C.device_count()):
+        C.manual_seed(index, int(seed))
+
+
+def seed() -> None:
+    C.seed(C.current_device())
+
+
+def seed_all() -> None:
+    for index in range(C.device_count()):
+        C.seed(index)
+
+
+def initial_seed() -> int:
+    return C.initial_seed(C.current_device())
+
+
+def get_rng_state(device: _device_t = "npu") -> torch.Tensor:
+    return C.get_rng_state(_get_device_index(device))
+
+
+def set_rng_state(new_state: torch.Tensor, device: _device_t = "npu") -> None:
+    C.set_rng_state(_get_device_index(device), new_state)
+
+
+def get_rng_state_all() -> list[torch.Tensor]:
+    return [C.get_rng_state(i) for i in range(C.device_count())]
+
+
+def set_rng_state_all(new_states: list[torch.Tensor]) -> None:
+    for index, state in enumerate(new_states):
+        C.set_rng_state(index, state)
