@@ -18,20 +18,21 @@ from types import ModuleType
 import torch
 
 CSRC = Path(__file__).parent / "csrc"
-SOURCES = ("runtime.cpp", "device_hooks.cpp", "tensor_alias.cpp", "aten_ops.cpp", "primitives.cpp",
-           "module.cpp")
+CORE_SOURCES = ("runtime.cpp", "device_hooks.cpp", "tensor_alias.cpp", "aten_ops.cpp", "primitives.cpp",
+                "autocast.cpp", "module.cpp")
 
 
 class BuildError(RuntimeError):
     """The device core could not be compiled or loaded."""
 
 
-def _source_hash() -> str:
+def _source_hash(sources: tuple[str, ...]) -> str:
+    """Hash of the sources and every header they may include."""
     digest = hashlib.sha256(torch.__version__.encode())
-    for path in sorted(CSRC.glob("*")):
-        if path.suffix in (".cpp", ".h"):
-            digest.update(path.name.encode())
-            digest.update(path.read_bytes())
+    headers = sorted(p.relative_to(CSRC).as_posix() for p in CSRC.rglob("*.h"))
+    for rel in sorted(set(sources)) + headers:
+        digest.update(rel.encode())
+        digest.update((CSRC / rel).read_bytes())
     return digest.hexdigest()[:16]
 
 
@@ -59,9 +60,14 @@ def _check_toolchain() -> None:
 
 def load_core() -> ModuleType:
     """Builds (once) and imports the device core extension."""
+    return load_extension("npusim_C", CORE_SOURCES)
+
+
+def load_extension(name: str, sources: tuple[str, ...], extra_ldflags: tuple[str, ...] = ()) -> ModuleType:
+    """Builds (once, under a file lock) and imports an extension from csrc/."""
     from torch.utils import cpp_extension
 
-    build_dir = cache_dir() / _source_hash()
+    build_dir = cache_dir() / name / _source_hash(sources)
     build_dir.mkdir(parents=True, exist_ok=True)
     lock_path = build_dir.parent / ".build.lock"
     with open(lock_path, "w") as lock:
@@ -70,9 +76,10 @@ def load_core() -> ModuleType:
             if not any(build_dir.glob("*.so")):
                 _check_toolchain()
             return cpp_extension.load(
-                name="npusim_C",
-                sources=[str(CSRC / s) for s in SOURCES],
+                name=name,
+                sources=[str(CSRC / s) for s in sources],
                 extra_cflags=["-O2", "-Wno-unused-parameter"],
+                extra_ldflags=list(extra_ldflags),
                 build_directory=str(build_dir),
                 verbose=os.environ.get("NPUSIM_BUILD_VERBOSE") == "1",
             )

@@ -33,6 +33,7 @@ from npusim.runtime.memory import (
     set_memory_capacity,
 )
 from npusim.runtime.random import (
+    _is_in_bad_fork,
     get_rng_state,
     get_rng_state_all,
     initial_seed,
@@ -55,7 +56,7 @@ from npusim.runtime.streams import (
 )
 
 __all__ = [
-    "Event", "Stream", "StreamContext", "_get_device_index", "_lazy_init", "current_device",
+    "Event", "Stream", "StreamContext", "_get_device_index", "_is_in_bad_fork", "_lazy_init", "current_device",
     "current_stream", "default_stream", "device", "device_count", "device_of", "empty_cache",
     "get_amp_supported_dtype", "get_device_name", "get_rng_state", "get_rng_state_all", "init",
     "initial_seed", "is_available", "is_bf16_supported", "is_initialized", "manual_seed",

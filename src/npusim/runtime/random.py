@@ -45,3 +45,8 @@ def get_rng_state_all() -> list[torch.Tensor]:
 def set_rng_state_all(new_states: list[torch.Tensor]) -> None:
     for index, state in enumerate(new_states):
         C.set_rng_state(index, state)
+
+
+def _is_in_bad_fork() -> bool:
+    """torch.random asks this before seeding; the simulated device survives fork."""
+    return False

@@ -49,13 +49,15 @@ def _wrap(stream_tuple: tuple[int, int, int]) -> Stream:
     return Stream(stream_id=stream_id, device_index=device_index, device_type=device_type)
 
 
-class Event(torch.Event):
-    """An npu event (record / wait / query / synchronize / elapsed_time)."""
+def Event(enable_timing: bool = False, blocking: bool = False, interprocess: bool = False,  # noqa: N802
+          device: _device_t = None) -> torch.Event:
+    """An npu event (record / wait / query / synchronize / elapsed_time).
 
-    def __new__(cls, enable_timing: bool = False, blocking: bool = False, interprocess: bool = False,
-                device: _device_t = None) -> Event:
-        return super().__new__(cls, device=torch.device("npu", _get_device_index(device)),
-                               enable_timing=enable_timing, blocking=blocking, interprocess=interprocess)
+    A plain ``torch.Event`` on the npu device: torch's C++ methods accept
+    only that exact type as the other event of ``elapsed_time``.
+    """
+    return torch.Event(device=torch.device("npu", _get_device_index(device)), enable_timing=enable_timing,
+                       blocking=blocking, interprocess=interprocess)
 
 
 def current_stream(device: _device_t = None) -> Stream:

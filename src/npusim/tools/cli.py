@@ -1,0 +1,27 @@
+"""The npusim command line. Each subcommand lives in its own module, imported
+only when it runs, and offers ``add_arguments(parser)`` and ``run(args) -> int``."""
+
+from __future__ import annotations
+
+import argparse
+import importlib
+import sys
+
+# subcommand -> (module, help)
+COMMANDS: dict[str, tuple[str, str]] = {
+    "demo": ("npusim.tools.demo", "train a small model on the simulated npu"),
+    "bench": ("npusim.tools.bench", "run a benchmark (prints a table, writes a plot)"),
+    "audit": ("npusim.distributed.audit", "list FSDP2 functions and kernels replaced in this process"),
+}
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(prog="python -m npusim", description=__doc__)
+    sub = parser.add_subparsers(dest="command", required=True)
+    for name, (module_name, help_text) in COMMANDS.items():
+        sub_parser = sub.add_parser(name, help=help_text)
+        sub_parser.set_defaults(_module=module_name)
+        if name in (sys.argv[1:2] if argv is None else argv[:1]):
+            importlib.import_module(module_name).add_arguments(sub_parser)
+    args = parser.parse_args(argv)
+    return int(importlib.import_module(args._module).run(args) or 0)
