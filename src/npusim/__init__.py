@@ -69,4 +69,6 @@ if os.environ.get("NPUSIM_MEMORY_CAPACITY"):
     for _index in range(torch.npu.device_count()):
         torch.npu.set_memory_capacity(parse_bytes(os.environ["NPUSIM_MEMORY_CAPACITY"]), _index)
 
+import npusim.ops  # noqa: E402, F401  (registers the npu kernel of aten::_foreach_copy_)
+
 __all__ = ["PRESETS", "BackendConflictError", "Profile", "get_profile", "set_profile", "timing", "use_profile"]

@@ -1,0 +1,211 @@
+"""``aten::_foreach_copy_`` for the npu: the CUDA-aligned operator kernel (SPEC.md 4.1, 4.2).
+
+Routing, per dtype group of the lists:
+
+- **fast**: one dtype, every tensor on one npu, dense, sizes and strides equal
+  pair by pair (PyTorch's ``can_use_fast_route``) and a dtype the kernel
+  supports: ``launch_foreach_copy`` per chunk of at most 48 pairs on the current
+  stream, **asynchronous whatever the caller's non_blocking** (as CUDA's
+  ``multi_tensor_apply``); the host never waits.
+- **batch**: host<->device lists that ``_batch_device`` accepts: one batched
+  memcpy with the caller's non_blocking.
+- **slow**: ``self[i].copy_(src[i], non_blocking)`` pair by pair.
+- **compat**: the profile has no kernel (DO_COMPATIBILITY): the slow path for
+  the whole call, without grouping.
+
+See Note [Legacy mode] for the kernel before the change.
+"""
+
+from __future__ import annotations
+
+import os
+from collections.abc import Iterator
+from contextlib import contextmanager
+
+import torch
+
+from npusim.ops import trace as _trace
+from npusim.ops.trace import CallRecord, GroupRecord, Route
+from npusim.runtime import profiles
+from npusim.runtime._core import C
+
+CHUNK = int(C.SINGLE_FOREACH_OP_TENSOR_COUNT)  # pairs per device task (aclnnForeachCopy limit)
+MODES = ("aligned", "legacy")
+MODE_ENV = "NPUSIM_FOREACH_COPY_MODE"
+
+# Note [Legacy mode]
+# Before the alignment the fast path handed the caller's non_blocking to the
+# kernel, and with non_blocking=False (FSDP2's default) the host waited for the
+# copy to finish. npusim keeps that behaviour selectable only so the difference
+# can be measured (SPEC.md section 6); it is never the recommended setting.
+
+
+def _mode_from_env() -> str:
+    mode = os.environ.get(MODE_ENV, "").strip().lower() or "aligned"
+    if mode not in MODES:
+        raise ValueError(f"{MODE_ENV}: expected one of {MODES}, got {os.environ[MODE_ENV]!r}")
+    return mode
+
+
+_mode: str = _mode_from_env()
+# Regression only (see original_batch_eligibility): batch without npusim's
+# per-pair dtype / numel / contiguity correction.
+_original_batch_eligibility = False
+
+
+def get_foreach_copy_mode() -> str:
+    return _mode
+
+
+def set_foreach_copy_mode(mode: str) -> str:
+    """Selects "aligned" (default) or "legacy" (see Note [Legacy mode]); returns the previous mode."""
+    global _mode
+    if mode not in MODES:
+        raise ValueError(f"npusim _foreach_copy_ mode: expected one of {MODES}, got {mode!r}")
+    previous, _mode = _mode, mode
+    return previous
+
+
+@contextmanager
+def foreach_copy_mode(mode: str) -> Iterator[str]:
+    """Temporarily selects a ``_foreach_copy_`` mode."""
+    previous = set_foreach_copy_mode(mode)
+    try:
+        yield mode
+    finally:
+        set_foreach_copy_mode(previous)
+
+
+@contextmanager
+def original_batch_eligibility() -> Iterator[None]:
+    """Reproduces the op-plugin's uncorrected ``check_tensor_device_dtype_base``: pairs
+    that differ in dtype or numel, or are not contiguous, still take the raw-byte batch
+    copy and are silently corrupted. For the regression test only; no environment switch."""
+    global _original_batch_eligibility
+    previous, _original_batch_eligibility = _original_batch_eligibility, True
+    try:
+        yield
+    finally:
+        _original_batch_eligibility = previous
+
+
+def _synchronize_current_stream(device_index: int, timeout_s: float) -> None:
+    stream_id, index, _ = C.current_stream(device_index)
+    C.synchronize_stream(stream_id, index, timeout_s)
+
+
+def _batch_device(self: list[torch.Tensor], src: list[torch.Tensor], non_blocking: bool) -> int | None:
+    """The op-plugin's ``check_tensor_device_dtype_base`` plus npusim's correction: the npu
+    index the batched memcpy runs on, or None when the lists are not eligible."""
+    dst_device, src_device = self[0].device, src[0].device
+    # One device per list also rules out mixed directions (some H2D, some D2H).
+    if any(t.device != dst_device for t in self) or any(t.device != src_device for t in src):
+        return None
+    if dst_device.type == "npu" and src_device.type == "cpu":
+        npu = dst_device
+    elif dst_device.type == "cpu" and src_device.type == "npu":
+        npu = src_device
+    else:  # device-to-device (or host-to-host within a mixed list)
+        return None
+    if non_blocking and npu.index != C.current_device():
+        return None  # the async batch is enqueued on the current device's stream
+    if not _original_batch_eligibility:
+        # The batch copies src's raw bytes: anything but an identical dense layout corrupts data.
+        for d, s in zip(self, src, strict=True):
+            if (d.dtype != s.dtype or d.numel() != s.numel() or not d.is_contiguous() or not s.is_contiguous()
+                    or d.is_conj() or s.is_conj() or d.is_neg() or s.is_neg()):
+                return None
+    return npu.index
+
+
+def _slow(self: list[torch.Tensor], src: list[torch.Tensor], non_blocking: bool) -> None:
+    # copy_ bumps each destination's version counter itself.
+    for d, s in zip(self, src, strict=True):
+        d.copy_(s, non_blocking=non_blocking)
+
+
+def _launch_fast(self: list[torch.Tensor], src: list[torch.Tensor]) -> int:
+    n = len(self)
+    if n <= CHUNK:
+        C.launch_foreach_copy(self, src)
+        return 1
+    for start in range(0, n, CHUNK):
+        C.launch_foreach_copy(self[start:start + CHUNK], src[start:start + CHUNK])
+    return (n + CHUNK - 1) // CHUNK
+
+
+def _process(self: list[torch.Tensor], src: list[torch.Tensor], non_blocking: bool,
+             profile: profiles.Profile, fast_route: bool | None) -> tuple[Route, int, bool]:
+    """Copies one dtype group; returns (route, chunks, non_blocking passed down).
+    ``fast_route`` is ``nd_out and can_use_fast_route`` when the caller already knows it."""
+    if fast_route is None:
+        fast_route = profile.nd_out and C.can_use_fast_route(self, src)
+    # can_use_fast_route puts every tensor on one device; a group of a mixed-device
+    # list may be host-only, which the device kernel cannot copy.
+    if fast_route and src[0].device.type == "npu" and src[0].dtype in profile.fast_dtypes:
+        chunks = _launch_fast(self, src)
+        passed = True if _mode == "aligned" else non_blocking
+        if not passed:
+            _synchronize_current_stream(src[0].device.index, profile.sync_timeout_s)
+        C.increment_version(self)
+        return "fast", chunks, passed
+    if profile.batch and profile.memcpy_batch_available(non_blocking):
+        device = _batch_device(self, src, non_blocking)
+        if device is not None:
+            if non_blocking:
+                C.memcpy_batch_async(self, src)
+            else:
+                # The blocking memcpy bypasses the stream: earlier work on it must be done.
+                _synchronize_current_stream(device, profile.sync_timeout_s)
+                C.memcpy_batch(self, src)
+            C.increment_version(self)
+            return "batch", 1, non_blocking
+    _slow(self, src, non_blocking)
+    return "slow", 0, non_blocking
+
+
+def _group_by_src_dtype(self: list[torch.Tensor], src: list[torch.Tensor]
+                        ) -> dict[torch.dtype, tuple[list[torch.Tensor], list[torch.Tensor]]]:
+    groups: dict[torch.dtype, tuple[list[torch.Tensor], list[torch.Tensor]]] = {}  # insertion = first appearance
+    for d, s in zip(self, src, strict=True):
+        group = groups.get(s.dtype)
+        if group is None:
+            group = groups[s.dtype] = ([], [])
+        group[0].append(d)
+        group[1].append(s)
+    return groups
+
+
+def foreach_copy_(self: list[torch.Tensor], src: list[torch.Tensor], non_blocking: bool = False) -> None:
+    """The PrivateUse1 kernel of ``aten::_foreach_copy_(Tensor(a!)[] self, Tensor[] src,
+    bool non_blocking=False) -> ()``: same argument errors, results and version-counter
+    bumps (one per destination) as upstream; routes per SPEC.md 4.1."""
+    profile = profiles.get_profile()
+    C.check_foreach_api_restrictions(self, src)
+    if not profile.foreach_copy_kernel:
+        _slow(self, src, non_blocking)
+        if _trace._active:
+            group = GroupRecord("compat", len(self), 0, non_blocking, None)
+            _trace.emit(CallRecord((group,), non_blocking, _mode))
+        return
+    # can_use_fast_route implies one dtype across both lists, so the common case
+    # needs no per-tensor dtype scan in Python.
+    fast_route = profile.nd_out and C.can_use_fast_route(self, src)
+    dtype = src[0].dtype
+    if fast_route or all(s.dtype == dtype for s in src):
+        route, chunks, passed = _process(self, src, non_blocking, profile, fast_route)
+        if _trace._active:
+            group = GroupRecord(route, len(self), chunks, passed, dtype)
+            _trace.emit(CallRecord((group,), non_blocking, _mode))
+        return
+    records: list[GroupRecord] = []
+    for group_dtype, (group_self, group_src) in _group_by_src_dtype(self, src).items():
+        route, chunks, passed = _process(group_self, group_src, non_blocking, profile, None)
+        records.append(GroupRecord(route, len(group_self), chunks, passed, group_dtype))
+    if _trace._active:
+        _trace.emit(CallRecord(tuple(records), non_blocking, _mode))
+
+
+# A PrivateUse1 kernel takes precedence over the CompositeExplicitAutograd slow kernel.
+_lib = torch.library.Library("aten", "IMPL")  # module-level: the registration lives as long as it does
+_lib.impl("_foreach_copy_", foreach_copy_, "PrivateUse1")
