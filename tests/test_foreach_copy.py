@@ -121,6 +121,19 @@ def test_aligned_fast_path_returns_before_copies_complete(non_blocking: bool):
     assert_equal_lists(dst, want)
 
 
+def test_fast_path_runs_on_the_current_stream():
+    """The fast path's tasks go to the current stream of the destinations' device, not the default one."""
+    dst, src, _ = _slow_copy_setup()
+    want = expected(dst, src)
+    side = torch.npu.Stream()
+    with npusim.timing.model(copy_gbps=0.1), torch.npu.stream(side):
+        torch._foreach_copy_(dst, src)
+        pending = (side.pending(), torch.npu.default_stream().pending())
+        side.synchronize()
+    assert pending == (1, 0)
+    assert_equal_lists(dst, want)
+
+
 def test_legacy_mode_blocking_waits_for_the_copy():
     """Legacy mode with non_blocking=False passes False down and the host waits for the copy."""
     dst, src, copy_s = _slow_copy_setup()

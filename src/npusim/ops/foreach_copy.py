@@ -149,7 +149,8 @@ def _process(self: list[torch.Tensor], src: list[torch.Tensor], non_blocking: bo
             _synchronize_current_stream(src[0].device.index, profile.sync_timeout_s)
         C.increment_version(self)
         return "fast", chunks, passed
-    if profile.batch and profile.memcpy_batch_available(non_blocking):
+    # A fast route (e.g. a dtype the kernel lacks) is device-to-device: never batch-eligible.
+    if not fast_route and profile.batch and profile.memcpy_batch_available(non_blocking):
         device = _batch_device(self, src, non_blocking)
         if device is not None:
             if non_blocking:
