@@ -1,8 +1,10 @@
 // Python bindings of the device core (npusim._C). Calls that can wait on a
 // stream release the GIL: stream workers may need it to destroy tensors.
+#include "core_api.h"
 #include "device_hooks.h"
 #include "primitives.h"
 #include "runtime.h"
+#include "tensor_alias.h"
 
 #include <ATen/CPUGeneratorImpl.h>
 #include <torch/csrc/utils/pybind.h>
@@ -28,12 +30,30 @@ py::dict memory_stats_dict(const npusim::MemoryStats& s) {
   return d;
 }
 
+// The table behind core_api(); see core_api.h for why it exists.
+const npusim::CoreApi& core_api_table() {
+  static const npusim::CoreApi table{
+      npusim::kCoreApiVersion,
+      sizeof(npusim::CoreApi),
+      &npusim::current_device,
+      [](c10::DeviceIndex device) { return &npusim::current_stream(device); },
+      [](NpuStream* s, std::function<void()> fn, double us) { s->enqueue(std::move(fn), us); },
+      [](NpuStream* s) { return s->query(); },
+      &npusim::cpu_alias,
+      &npusim::link_task_us,
+  };
+  return table;
+}
+
 }  // namespace
 
 PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
   using release = py::call_guard<py::gil_scoped_release>;
 
   m.def("register_device", &npusim::register_device);
+  m.def("core_api", [] {
+    return py::capsule(static_cast<const void*>(&core_api_table()), npusim::kCoreApiCapsule);
+  });
 
   // devices
   m.def("device_count", &npusim::device_count);

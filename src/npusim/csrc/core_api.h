@@ -1,0 +1,45 @@
+// The device-core entry points that separately built extensions call.
+//
+// Python loads extensions with RTLD_LOCAL, so another extension (the
+// collective backend, npusim_dist_C) cannot resolve symbols of npusim_C, and
+// compiling runtime.cpp into it again would create a second, disconnected
+// runtime (its own streams, allocator and deferred frees). The core hands out
+// this table instead, in a PyCapsule named kCoreApiCapsule from
+// `npusim._C.core_api()`. Both extensions are compiled by npusim._build with
+// the same compiler and torch headers, so C++ types in the signatures are
+// safe; `version` and `size` catch an extension built against another core.
+#pragma once
+
+#include <ATen/core/Tensor.h>
+#include <c10/core/Device.h>
+
+#include <cstddef>
+#include <cstdint>
+#include <functional>
+
+namespace npusim {
+
+class NpuStream;
+
+constexpr uint32_t kCoreApiVersion = 1;
+constexpr const char* kCoreApiCapsule = "npusim.core_api";
+
+struct CoreApi {
+  uint32_t version;
+  uint32_t size;  // sizeof(CoreApi) in the core that filled the table
+  // The calling thread's current npu device.
+  c10::DeviceIndex (*current_device)();
+  // The calling thread's current stream of `device` (-1: current device).
+  NpuStream* (*current_stream)(c10::DeviceIndex device);
+  // As NpuStream::enqueue: fn runs on the stream's worker, in FIFO order; an
+  // exception it throws is reported at the stream's next synchronize.
+  void (*enqueue)(NpuStream* stream, std::function<void()> fn, double duration_us);
+  // True when every task enqueued on the stream so far has completed.
+  bool (*stream_query)(NpuStream* stream);
+  // See tensor_alias.h.
+  at::Tensor (*cpu_alias)(const at::Tensor& t);
+  // Link time of a transfer of `bytes` under the timing model (0 when off).
+  double (*link_task_us)(size_t bytes);
+};
+
+}  // namespace npusim

@@ -1,0 +1,81 @@
+// ProcessGroupNpu: the c10d backend for npu tensors. Data moves through an
+// internal ProcessGroupGloo over CPU aliases of device memory (device memory
+// is host memory); ordering follows NCCL (see Note [Comm stream]).
+#pragma once
+
+#include "comm_stream.h"
+
+#include <torch/csrc/distributed/c10d/Backend.hpp>
+
+#include <chrono>
+#include <string>
+#include <vector>
+
+namespace npusim::dist {
+
+class ProcessGroupNpu final : public c10d::Backend {
+ public:
+  // `gloo` is a ProcessGroupGloo of the same ranks on its own store prefix.
+  ProcessGroupNpu(c10::intrusive_ptr<c10d::Backend> gloo, int rank, int size,
+      std::chrono::milliseconds timeout, std::string name);
+
+  const std::string getBackendName() const override {
+    return name_;
+  }
+  c10::intrusive_ptr<Options> getBackendOptions() override {
+    return options_;
+  }
+  bool supportsTensorAlloc(c10::DeviceIndex device) override {
+    return true;
+  }
+  // Plain device memory: there is no registered comm pool to draw from.
+  at::Tensor allocateTensor(long size, at::TensorOptions options = {}) override;
+
+  c10::intrusive_ptr<c10d::Work> broadcast(std::vector<at::Tensor>& tensors,
+      const c10d::BroadcastOptions& opts = c10d::BroadcastOptions()) override;
+  c10::intrusive_ptr<c10d::Work> allreduce(std::vector<at::Tensor>& tensors,
+      const c10d::AllreduceOptions& opts = c10d::AllreduceOptions()) override;
+  c10::intrusive_ptr<c10d::Work> allreduce_coalesced(std::vector<at::Tensor>& tensors,
+      const c10d::AllreduceCoalescedOptions& opts = c10d::AllreduceCoalescedOptions()) override;
+  c10::intrusive_ptr<c10d::Work> reduce(std::vector<at::Tensor>& tensors,
+      const c10d::ReduceOptions& opts = c10d::ReduceOptions()) override;
+  c10::intrusive_ptr<c10d::Work> allgather(std::vector<std::vector<at::Tensor>>& outputs,
+      std::vector<at::Tensor>& inputs, const c10d::AllgatherOptions& opts = c10d::AllgatherOptions()) override;
+  c10::intrusive_ptr<c10d::Work> _allgather_base(at::Tensor& output, at::Tensor& input,
+      const c10d::AllgatherOptions& opts = c10d::AllgatherOptions()) override;
+  c10::intrusive_ptr<c10d::Work> allgather_coalesced(std::vector<std::vector<at::Tensor>>& outputs,
+      std::vector<at::Tensor>& inputs, const c10d::AllgatherOptions& opts = c10d::AllgatherOptions()) override;
+  c10::intrusive_ptr<c10d::Work> allgather_into_tensor_coalesced(std::vector<at::Tensor>& outputs,
+      std::vector<at::Tensor>& inputs, const c10d::AllgatherOptions& opts = c10d::AllgatherOptions()) override;
+  c10::intrusive_ptr<c10d::Work> gather(std::vector<std::vector<at::Tensor>>& outputs,
+      std::vector<at::Tensor>& inputs, const c10d::GatherOptions& opts = c10d::GatherOptions()) override;
+  c10::intrusive_ptr<c10d::Work> scatter(std::vector<at::Tensor>& outputs,
+      std::vector<std::vector<at::Tensor>>& inputs, const c10d::ScatterOptions& opts = c10d::ScatterOptions()) override;
+  c10::intrusive_ptr<c10d::Work> reduce_scatter(std::vector<at::Tensor>& outputs,
+      std::vector<std::vector<at::Tensor>>& inputs,
+      const c10d::ReduceScatterOptions& opts = c10d::ReduceScatterOptions()) override;
+  c10::intrusive_ptr<c10d::Work> _reduce_scatter_base(at::Tensor& output, at::Tensor& input,
+      const c10d::ReduceScatterOptions& opts = c10d::ReduceScatterOptions()) override;
+  c10::intrusive_ptr<c10d::Work> reduce_scatter_tensor_coalesced(std::vector<at::Tensor>& outputs,
+      std::vector<at::Tensor>& inputs, const c10d::ReduceScatterOptions& opts = c10d::ReduceScatterOptions()) override;
+  c10::intrusive_ptr<c10d::Work> alltoall_base(at::Tensor& output, at::Tensor& input,
+      std::vector<int64_t>& output_split_sizes, std::vector<int64_t>& input_split_sizes,
+      const c10d::AllToAllOptions& opts = c10d::AllToAllOptions()) override;
+  c10::intrusive_ptr<c10d::Work> alltoall(std::vector<at::Tensor>& outputs, std::vector<at::Tensor>& inputs,
+      const c10d::AllToAllOptions& opts = c10d::AllToAllOptions()) override;
+  c10::intrusive_ptr<c10d::Work> send(std::vector<at::Tensor>& tensors, int dst_rank, int tag) override;
+  c10::intrusive_ptr<c10d::Work> recv(std::vector<at::Tensor>& tensors, int src_rank, int tag) override;
+  c10::intrusive_ptr<c10d::Work> barrier(const c10d::BarrierOptions& opts = c10d::BarrierOptions()) override;
+
+ private:
+  struct Launch;
+  c10::intrusive_ptr<c10d::Work> launch(Launch&& launch);
+  std::string describe(const char* op, c10::DeviceIndex device) const;
+
+  const c10::intrusive_ptr<c10d::Backend> gloo_;
+  const c10::intrusive_ptr<Options> options_;
+  const std::string name_;
+  CommStream comm_;
+};
+
+}  // namespace npusim::dist

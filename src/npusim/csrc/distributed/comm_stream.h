@@ -1,0 +1,68 @@
+// The comm stream of a collective backend: a worker thread that runs one
+// group's collectives in issue order. See Note [Comm stream].
+#pragma once
+
+#include <torch/csrc/distributed/c10d/Work.hpp>
+
+#include <condition_variable>
+#include <cstddef>
+#include <deque>
+#include <functional>
+#include <memory>
+#include <mutex>
+#include <string>
+
+namespace npusim::dist {
+
+// A one-shot flag with an optional error. Device tasks capture this instead
+// of the Work so that a stream worker never holds the Work's tensors.
+class Completion {
+ public:
+  void set(std::string error = {});
+  // timeout_s < 0 waits forever; false on timeout.
+  bool wait(double timeout_s) const;
+  bool done() const;
+  // Empty while running or on success.
+  std::string error() const;
+
+ private:
+  mutable std::mutex mutex_;
+  mutable std::condition_variable cv_;
+  bool done_ = false;
+  std::string error_;
+};
+
+struct CommJob {
+  // Set by a task on the issuing stream once the work issued there before
+  // the collective has run; null when that stream was idle at issue time.
+  std::shared_ptr<Completion> inputs_ready;
+  // A collective: runs it to completion (blocking; throws on failure).
+  std::function<void()> run;
+  // A point-to-point transfer: posts it and returns gloo's work unwaited.
+  std::function<c10::intrusive_ptr<c10d::Work>()> post;
+  // Called once with "" or the error message. Captures of run/post are
+  // released first, so the collective's tensors are dropped by then.
+  std::function<void(const std::string&)> finish;
+  // Minimum time the collective occupies the comm stream (timing model).
+  double duration_us = 0.0;
+  // "all_reduce on npu:0 (rank 0 of 2)", for error messages.
+  std::string what;
+};
+
+class CommStream {
+ public:
+  CommStream();
+  CommStream(const CommStream&) = delete;
+  CommStream& operator=(const CommStream&) = delete;
+  // Queued jobs still run; the threads end when the queues are drained.
+  ~CommStream();
+
+  void submit(CommJob job);
+
+  struct State;
+
+ private:
+  std::shared_ptr<State> state_;
+};
+
+}  // namespace npusim::dist

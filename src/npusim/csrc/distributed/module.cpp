@@ -1,0 +1,48 @@
+// Python bindings of the npu collective backend (npusim_dist_C).
+#include "backend.h"
+#include "core_api_client.h"
+
+#include <torch/csrc/utils/pybind.h>
+
+#include <atomic>
+
+namespace py = pybind11;
+
+namespace npusim::dist {
+namespace {
+std::atomic<const CoreApi*> g_core{nullptr};
+}  // namespace
+
+void set_core_api(const CoreApi* api) {
+  g_core = api;
+}
+
+const CoreApi& core() {
+  const CoreApi* api = g_core.load();
+  TORCH_CHECK(api != nullptr, "npusim collective backend: the device core API was not set; "
+      "import npusim.distributed instead of the extension");
+  return *api;
+}
+
+}  // namespace npusim::dist
+
+PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
+  m.def("set_core_api", [](const py::capsule& capsule) {
+    TORCH_CHECK(std::string(capsule.name()) == npusim::kCoreApiCapsule,
+        "npusim collective backend: expected a capsule named ", npusim::kCoreApiCapsule,
+        ", got ", capsule.name());
+    const auto* api = capsule.get_pointer<const npusim::CoreApi>();
+    TORCH_CHECK(api->version == npusim::kCoreApiVersion && api->size == sizeof(npusim::CoreApi),
+        "npusim collective backend: built for core API version ", npusim::kCoreApiVersion, " (",
+        sizeof(npusim::CoreApi), " bytes), but the loaded device core has version ", api->version,
+        " (", api->size, " bytes); rebuild both (clear the npusim build cache)");
+    npusim::dist::set_core_api(api);
+  });
+  m.def("create_backend",
+      [](const c10::intrusive_ptr<c10d::Backend>& gloo, int rank, int size, int64_t timeout_ms,
+          const std::string& name) -> c10::intrusive_ptr<c10d::Backend> {
+        return c10::make_intrusive<npusim::dist::ProcessGroupNpu>(
+            gloo, rank, size, std::chrono::milliseconds(timeout_ms), name);
+      },
+      py::arg("gloo"), py::arg("rank"), py::arg("size"), py::arg("timeout_ms"), py::arg("name"));
+}

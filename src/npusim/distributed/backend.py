@@ -1,0 +1,54 @@
+"""The c10d collective backend for npu tensors, registered as ``"hccl"``.
+
+``import npusim.distributed`` registers it for the ``npu`` device, so
+``dist.init_process_group()`` (no backend: the accelerator's default),
+``init_process_group("hccl")`` and ``init_device_mesh("npu", ...)`` route npu
+tensors to it. The backend itself is C++ (``csrc/distributed``, extension
+``npusim_dist_C``, built on first use): a ``c10d::Backend`` that moves data
+through an internal ``ProcessGroupGloo`` over CPU views of device memory and
+orders collectives like NCCL (see Note [Comm stream] in comm_stream.cpp).
+"""
+
+from __future__ import annotations
+
+from datetime import timedelta
+from types import ModuleType
+
+import torch.distributed as dist
+
+from npusim._build import load_extension
+from npusim.runtime._core import C
+
+BACKEND_NAME = "hccl"
+DEVICE_TYPE = "npu"
+SOURCES = ("distributed/comm_stream.cpp", "distributed/work.cpp", "distributed/backend.cpp",
+           "distributed/module.cpp")
+
+_extension: ModuleType | None = None
+
+
+def load() -> ModuleType:
+    """Builds (once) and loads the backend extension, wired to the device core."""
+    global _extension
+    if _extension is None:
+        ext = load_extension("npusim_dist_C", SOURCES)
+        # Extensions are loaded RTLD_LOCAL: the backend reaches the core's
+        # runtime through this table, not through linked symbols.
+        ext.set_core_api(C.core_api())
+        _extension = ext
+    return _extension
+
+
+def create_backend(store: dist.Store, rank: int, size: int, timeout: timedelta) -> dist.Backend:
+    """The creator ``init_process_group`` and ``new_group`` call for npu."""
+    # A prefix of its own keeps the inner gloo group's rendezvous keys apart
+    # from those of a "cpu:gloo" backend created on the same store.
+    gloo = dist.ProcessGroupGloo(dist.PrefixStore("npusim_gloo/", store), rank, size, timeout)
+    return load().create_backend(gloo, rank, size, int(timeout.total_seconds() * 1000), BACKEND_NAME)
+
+
+def register() -> None:
+    """Registers the backend for the npu device (idempotent)."""
+    if BACKEND_NAME.upper() in dist.Backend._plugins:
+        return
+    dist.Backend.register_backend(BACKEND_NAME, create_backend, devices=[DEVICE_TYPE])
