@@ -53,9 +53,25 @@ def _register() -> None:
 
     torch._register_device_module("npu", npu_module)
     torch.utils.generate_methods_for_privateuse1_backend(for_storage=True)
-    # Device work must finish before the interpreter tears down the objects
-    # that stream workers may still reference.
-    atexit.register(C.synchronize_all)
+    atexit.register(_drain_at_exit)
+
+
+def _drain_at_exit() -> None:
+    """Lets background threads finish with Python objects before finalization.
+
+    Device work must finish before the interpreter tears down what stream
+    workers reference. And PyTorch's autograd thread for the npu device drops
+    its last reference to a finished GraphTask (whose thread-local state holds
+    Python objects) just after backward() has returned; if the interpreter is
+    already finalizing then, taking the GIL aborts the process. A short wait
+    with the GIL released closes that window.
+    """
+    import time
+
+    from npusim.runtime._core import C
+
+    C.synchronize_all()
+    time.sleep(0.05)
 
 
 _register()

@@ -86,6 +86,16 @@ double link_task_us(size_t bytes) {
 namespace {
 void maybe_reclaim();
 
+// NPUSIM_LAUNCH_BLOCKING=1 makes every enqueue wait for its task (like
+// CUDA_LAUNCH_BLOCKING): a debugging aid for ordering bugs.
+bool launch_blocking() {
+  static const bool blocking = [] {
+    const char* v = std::getenv("NPUSIM_LAUNCH_BLOCKING");
+    return v != nullptr && std::string(v) == "1";
+  }();
+  return blocking;
+}
+
 using DeviceStreams = std::array<std::unique_ptr<NpuStream>, kStreamsPerDevice>;
 
 // Leaked on purpose (as are the free lists below): detached stream workers
@@ -126,6 +136,13 @@ c10::Stream NpuStream::unwrap() const {
 }
 
 void NpuStream::enqueue(std::function<void()> fn, double duration_us) {
+  push(std::move(fn), duration_us);
+  if (launch_blocking() && !tls_is_stream_worker) {
+    synchronize();
+  }
+}
+
+void NpuStream::push(std::function<void()> fn, double duration_us) {
   std::lock_guard<std::mutex> lock(mutex_);
   if (!worker_) {
     worker_ = std::make_unique<std::thread>([this] { run(); });
@@ -580,20 +597,20 @@ int64_t reclaim_deferred_frees() {
   std::vector<Block*> ready;
   {
     std::lock_guard<std::mutex> lock(g_pending_mutex);
-    auto keep = g_pending.begin();
-    for (auto& pending : g_pending) {
-      bool passed = true;
-      for (auto& [stream, target] : pending.fences) {
+    auto passed = [](const PendingFree& pending) {
+      for (const auto& [stream, target] : pending.fences) {
         if (stream->completed() < target) {
-          passed = false;
-          break;
+          return false;
         }
       }
-      if (passed) {
-        ready.push_back(pending.block);
-      } else {
-        *keep++ = std::move(pending);
-      }
+      return true;
+    };
+    // stable_partition, not a hand-written compaction: a self-move of the
+    // fences vector would empty it and release a block that is still in use.
+    auto keep = std::stable_partition(g_pending.begin(), g_pending.end(),
+        [&](const PendingFree& pending) { return !passed(pending); });
+    for (auto it = keep; it != g_pending.end(); ++it) {
+      ready.push_back(it->block);
     }
     g_pending.erase(keep, g_pending.end());
     g_pending_count.store(g_pending.size());

@@ -85,6 +85,7 @@ class NpuStream {
     double duration_us;
   };
   void run();
+  void push(std::function<void()> fn, double duration_us);
   void raise_pending_error();
 
   const c10::DeviceIndex device_;

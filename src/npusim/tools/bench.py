@@ -1,0 +1,33 @@
+"""``python -m npusim bench NAME``: benchmarks. Each lives in ``npusim.bench.NAME``
+with ``add_arguments(parser)`` and ``run(args) -> int``; results are printed as
+a table and, where a plot makes sense, written as a PNG under ``--out``."""
+
+from __future__ import annotations
+
+import argparse
+import importlib
+
+BENCHMARKS: dict[str, str] = {
+    "matmul": "npusim.bench.matmul",  # compute on npu vs CPU
+    "foreach-copy": "npusim.bench.foreach_copy",  # _foreach_copy_ host time per route vs CPU native
+    "fsdp-copy-in": "npusim.bench.fsdp_copy_in",  # host time blocked in all-gather copy-in
+    "fsdp-step": "npusim.bench.fsdp_step",  # FSDP2 step time npu vs CPU+gloo
+    "fsdp-enhance": "npusim.bench.fsdp_enhance",  # all-gathers / allocations with and without enhancements
+}
+
+
+def add_arguments(parser: argparse.ArgumentParser) -> None:
+    sub = parser.add_subparsers(dest="benchmark", required=True)
+    for name, module_name in BENCHMARKS.items():
+        bench_parser = sub.add_parser(name)
+        bench_parser.add_argument("--out", default="bench-out", help="directory for plots and raw results")
+        bench_parser.set_defaults(_bench_module=module_name)
+        try:
+            module = importlib.import_module(module_name)
+        except ModuleNotFoundError:
+            continue  # not written yet
+        module.add_arguments(bench_parser)
+
+
+def run(args: argparse.Namespace) -> int:
+    return int(importlib.import_module(args._bench_module).run(args) or 0)

@@ -1,0 +1,66 @@
+"""Training on npu matches CPU: autograd, autocast, activation checkpointing."""
+
+from __future__ import annotations
+
+import copy
+
+import pytest
+import torch
+from torch import nn
+from torch.utils.checkpoint import checkpoint
+
+
+def make_mlp() -> nn.Module:
+    torch.manual_seed(0)
+    return nn.Sequential(nn.Linear(32, 64), nn.GELU(), nn.LayerNorm(64), nn.Linear(64, 8))
+
+
+def train(model: nn.Module, device: str, steps: int = 4, ckpt: bool | None = None, amp: bool = False):
+    model = model.to(device)
+    opt = torch.optim.AdamW(model.parameters(), lr=1e-2)
+    torch.manual_seed(1)
+    losses = []
+    for _ in range(steps):
+        x = torch.randn(16, 32).to(device)
+        y = torch.randn(16, 8).to(device)
+        with torch.autocast(device, dtype=torch.bfloat16, enabled=amp):
+            if ckpt is not None:
+                x.requires_grad_()
+            out = checkpoint(model, x, use_reentrant=ckpt) if ckpt is not None else model(x)
+            loss = nn.functional.mse_loss(out.float(), y)
+        opt.zero_grad()
+        loss.backward()
+        opt.step()
+        losses.append(loss.item())
+    return losses, [p.detach().cpu() for p in model.parameters()]
+
+
+@pytest.mark.parametrize("ckpt", [None, True, False], ids=["plain", "ckpt-reentrant", "ckpt-nonreentrant"])
+def test_mlp_training_matches_cpu(ckpt):
+    """An MLP trained on npu gives CPU's losses and parameters (also with checkpointing)."""
+    model = make_mlp()
+    cpu_losses, cpu_params = train(copy.deepcopy(model), "cpu", ckpt=ckpt)
+    npu_losses, npu_params = train(copy.deepcopy(model), "npu", ckpt=ckpt)
+    assert npu_losses == pytest.approx(cpu_losses, rel=1e-5)
+    for a, b in zip(cpu_params, npu_params, strict=True):
+        torch.testing.assert_close(a, b)
+
+
+def test_autocast_bf16_matches_cpu_autocast():
+    """torch.autocast("npu", bfloat16) casts matmuls like CPU autocast and trains the same."""
+    model = make_mlp().to("npu")
+    with torch.autocast("npu", dtype=torch.bfloat16):
+        out = model(torch.randn(4, 32, device="npu"))
+        assert out.dtype == torch.bfloat16
+        assert torch.exp(out).dtype == torch.float32  # fp32 policy
+    cpu_losses, _ = train(make_mlp(), "cpu", amp=True)
+    npu_losses, _ = train(make_mlp(), "npu", amp=True)
+    assert npu_losses == pytest.approx(cpu_losses, rel=1e-3)
+
+
+def test_grad_lands_on_npu():
+    """Gradients of npu leaves are npu tensors with the right values."""
+    x = torch.arange(4.0, device="npu", requires_grad=True)
+    (x * x).sum().backward()
+    assert x.grad.device.type == "npu"
+    assert torch.equal(x.grad.cpu(), 2 * torch.arange(4.0))

@@ -1,0 +1,113 @@
+"""Device memory accounting, capacity and the out-of-memory error."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+MIB = 1 << 20
+
+
+def test_allocated_peak_and_reset():
+    """memory_allocated / max_memory_allocated track live tensors; reset_peak works."""
+    torch.npu.synchronize()
+    base = torch.npu.memory_allocated()
+    torch.npu.reset_peak_memory_stats()
+    x = torch.empty(MIB, dtype=torch.uint8, device="npu")
+    assert torch.npu.memory_allocated() == base + MIB
+    y = torch.empty(2 * MIB, dtype=torch.uint8, device="npu")
+    assert torch.npu.max_memory_allocated() == base + 3 * MIB
+    del x, y
+    assert torch.npu.memory_allocated() == base
+    assert torch.npu.max_memory_allocated() == base + 3 * MIB
+    torch.npu.reset_peak_memory_stats()
+    assert torch.npu.max_memory_allocated() == base
+    assert torch.accelerator.memory_allocated("npu") == base
+
+
+def test_accounting_is_per_device():
+    """Allocations on npu:1 count on npu:1 only."""
+    before0, before1 = torch.npu.memory_allocated(0), torch.npu.memory_allocated(1)
+    t = torch.empty(MIB, dtype=torch.uint8, device="npu:1")
+    assert torch.npu.memory_allocated(1) == before1 + MIB
+    assert torch.npu.memory_allocated(0) == before0
+    del t
+
+
+def test_compute_outputs_are_accounted():
+    """Fresh outputs of compute ops (CPU kernels on device memory) count as device memory."""
+    a = torch.ones(MIB // 4, device="npu")
+    before = torch.npu.memory_allocated()
+    b = a * 2
+    assert torch.npu.memory_allocated() == before + MIB
+    del b
+    assert torch.npu.memory_allocated() == before
+
+
+def test_out_of_memory_error_and_recovery():
+    """Going over capacity raises OutOfMemoryError naming device, request and free bytes; work goes on."""
+    torch.npu.synchronize()
+    used = torch.npu.memory_reserved()
+    torch.npu.set_memory_capacity(used + 4 * MIB)
+    keep = torch.empty(3 * MIB, dtype=torch.uint8, device="npu")
+    with pytest.raises(torch.OutOfMemoryError) as info:
+        torch.empty(2 * MIB, dtype=torch.uint8, device="npu")
+    message = str(info.value)
+    assert "npu:0" in message and "2.00 MiB (2097152 bytes)" in message and "1.00 MiB free (1048576 bytes)" in message
+    assert torch.npu.memory_stats()["num_ooms"] >= 1
+    del keep
+    again = torch.empty(2 * MIB, dtype=torch.uint8, device="npu")  # the process carries on
+    assert again.numel() == 2 * MIB
+    torch.npu.set_memory_capacity("1GiB", 1)
+    assert torch.npu.mem_get_info(1)[1] == 1 << 30
+
+
+def test_free_is_deferred_while_a_stream_may_use_the_block():
+    """A block freed while queued work may touch it stays reserved until the stream passes."""
+    import npusim
+
+    a = torch.ones(4 * MIB, device="npu")
+    b = torch.empty_like(a)
+    torch.npu.synchronize()
+    reserved = torch.npu.memory_reserved()
+    with npusim.timing.model(copy_gbps=0.1):
+        b.copy_(a)
+        del a  # the pending copy still reads a's bytes
+        assert torch.npu.memory_reserved() == reserved
+        torch.npu.synchronize()
+    torch.npu.empty_cache()
+    assert torch.npu.memory_reserved() == reserved - 16 * MIB
+    assert b.cpu().eq(1).all()
+
+
+def test_storage_resize_to_zero_and_back():
+    """untyped_storage().resize_(0) frees device memory and resize_(n) re-allocates (FSDP2's pattern)."""
+    t = torch.ones(MIB // 4, device="npu")
+    before = torch.npu.memory_allocated()
+    t.untyped_storage().resize_(0)
+    assert torch.npu.memory_allocated() == before - MIB
+    t.untyped_storage().resize_(MIB)
+    t.fill_(3.0)
+    assert torch.npu.memory_allocated() == before and t.sum().item() == 3.0 * (MIB // 4)
+
+
+def test_deferred_free_survives_repeated_reclaims():
+    """A block freed under a pending copy stays reserved across reclaims until the stream passes it."""
+    import npusim
+
+    with npusim.timing.model(launch_us=20000):
+        gate = torch.empty(16, device="npu")
+        gate.copy_(torch.ones(16, device="npu"))  # a slow task ahead of the real copy
+        src = torch.full((1024,), 5.0, device="npu")
+        dst = torch.empty(1024, device="npu")
+        dst.copy_(src)
+        reserved = torch.npu.memory_reserved()
+        del src
+        # Every allocation reclaims deferred frees; none may release src yet.
+        fillers = [torch.empty(16, device="npu") for _ in range(4)]
+        assert torch.npu.current_stream().pending() > 0
+        assert torch.npu.memory_reserved() == reserved + 4 * 64
+        torch.npu.synchronize()
+    torch.npu.empty_cache()
+    assert torch.npu.memory_reserved() == reserved + 4 * 64 - 4096
+    assert dst.cpu().eq(5.0).all() and len(fillers) == 4

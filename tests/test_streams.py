@@ -1,0 +1,175 @@
+"""Streams and events: FIFO order, cross-stream ordering, honest queries, copy_ asynchrony.
+
+The timing model slows device copies so that an ordering bug would show up as
+a wrong value instead of passing by luck.
+"""
+
+from __future__ import annotations
+
+import time
+
+import pytest
+import torch
+
+import npusim
+
+MIB = 1 << 20
+
+
+def slow_copies():
+    # 0.05 GB/s: a 4 MiB copy takes about 84 ms of stream time.
+    return npusim.timing.model(copy_gbps=0.05)
+
+
+def test_same_device_copy_returns_before_it_completes():
+    """A same-device D2D copy_ is enqueued: the host returns first, synchronize shows the result."""
+    src = torch.full((MIB,), 7.0, device="npu")
+    dst = torch.zeros(MIB, device="npu")
+    torch.npu.synchronize()
+    with slow_copies():
+        start = time.perf_counter()
+        dst.copy_(src)  # non_blocking=False: still asynchronous, as on CUDA
+        returned = time.perf_counter() - start
+        stream = torch.npu.current_stream()
+        assert not stream.query() and stream.pending() == 1
+        torch.npu.synchronize()
+        finished = time.perf_counter() - start
+    assert returned < 0.02 < 0.06 < finished
+    assert dst.cpu().eq(7.0).all()
+
+
+def test_stream_fifo_order():
+    """Work on one stream runs in issue order: a later copy sees an earlier slow one."""
+    a = torch.full((MIB,), 1.0, device="npu")
+    b = torch.zeros(MIB, device="npu")
+    c = torch.zeros(MIB, device="npu")
+    torch.npu.synchronize()
+    with slow_copies():
+        b.copy_(a)  # slow
+        c.copy_(b)  # must read b after the first copy finished
+        torch.npu.synchronize()
+    assert c.cpu().eq(1.0).all()
+
+
+def test_cross_stream_order_via_event():
+    """A side stream waiting on an event sees the producer stream's slow write."""
+    a = torch.full((MIB,), 3.0, device="npu")
+    b = torch.zeros(MIB, device="npu")
+    c = torch.zeros(MIB, device="npu")
+    side = torch.npu.Stream()
+    torch.npu.synchronize()
+    with slow_copies():
+        b.copy_(a)
+        done = torch.npu.Event()
+        done.record()
+        side.wait_event(done)
+        with torch.npu.stream(side):
+            c.copy_(b)
+        side.synchronize()
+    assert c.cpu().eq(3.0).all()
+
+
+def test_wait_stream_orders_compute_after_side_stream():
+    """current.wait_stream(side) makes host compute wait for the side stream's copy."""
+    a = torch.full((MIB,), 5.0, device="npu")
+    b = torch.zeros(MIB, device="npu")
+    side = torch.npu.Stream(priority=-1)
+    assert side.priority == -1
+    with slow_copies():
+        with torch.npu.stream(side):
+            b.copy_(a)
+        torch.npu.current_stream().wait_stream(side)
+        total = b.sum().item()  # compute runs after the current stream's queued work
+    assert total == 5.0 * MIB
+
+
+def test_event_query_synchronize_and_elapsed_time():
+    """Events report pending work honestly and time it (timing model)."""
+    a = torch.ones(4 * MIB, device="npu")
+    b = torch.empty_like(a)
+    start, end = torch.npu.Event(enable_timing=True), torch.npu.Event(enable_timing=True)
+    with slow_copies():
+        start.record()
+        b.copy_(a)
+        end.record()
+        assert not end.query()
+        end.synchronize()
+        assert end.query()
+    assert end.device == torch.device("npu", 0)
+    assert start.elapsed_time(end) >= 250  # 16 MiB at 0.05 GB/s ~ 335 ms
+
+
+def test_elapsed_time_requires_timing():
+    """elapsed_time without enable_timing is an error naming the requirement."""
+    a, b = torch.npu.Event(), torch.npu.Event()
+    a.record()
+    b.record()
+    b.synchronize()
+    with pytest.raises(ValueError, match="enable_timing=True"):
+        a.elapsed_time(b)
+
+
+def test_generic_stream_event_and_accelerator_api():
+    """torch.Stream / torch.Event / torch.accelerator drive the npu device."""
+    s = torch.Stream(device="npu")
+    with s:
+        assert torch.accelerator.current_stream() == s
+        x = torch.ones(10, device="npu") * 2
+    e = torch.Event(device="npu")
+    e.record(s)
+    torch.accelerator.current_stream().wait_event(e)
+    torch.accelerator.synchronize()
+    assert x.sum().item() == 20.0 and s.query()
+
+
+def test_synchronize_timeout_names_stream():
+    """A stream synchronize with a timeout raises an error naming the stream."""
+    a = torch.ones(MIB, device="npu")
+    b = torch.empty_like(a)
+    with slow_copies():
+        b.copy_(a)
+        with pytest.raises(RuntimeError, match=r"npu:0 stream 0 \(default\) did not finish"):
+            torch.npu.synchronize_stream(torch.npu.current_stream(), timeout_s=0.001)
+
+
+@pytest.mark.parametrize("non_blocking", [False, True])
+def test_host_to_device(non_blocking):
+    """H2D: blocking waits; non_blocking enqueues; pageable sources are staged at call time."""
+    src = torch.full((MIB,), 2.0)
+    dst = torch.zeros(MIB, device="npu")
+    torch.npu.synchronize()
+    with slow_copies():
+        dst.copy_(src, non_blocking=non_blocking)
+        pending = torch.npu.current_stream().pending()
+        src.fill_(-1.0)  # the caller reuses the pageable buffer at once
+        torch.npu.synchronize()
+    assert pending == (1 if non_blocking else 0)
+    assert dst.cpu().eq(2.0).all()
+
+
+@pytest.mark.parametrize("non_blocking", [False, True])
+def test_device_to_host_pinned(non_blocking):
+    """D2H into pinned memory: blocking waits; non_blocking is valid after synchronize."""
+    src = torch.full((MIB,), 4.0, device="npu")
+    dst = torch.zeros(MIB).pin_memory()
+    torch.npu.synchronize()
+    with slow_copies():
+        dst.copy_(src, non_blocking=non_blocking)
+        done_at_return = bool(dst[-1] == 4.0)
+        torch.npu.synchronize()
+    assert done_at_return is (not non_blocking)
+    assert dst.eq(4.0).all()
+
+
+def test_pinned_source_is_read_by_the_stream_later():
+    """A non_blocking H2D from pinned memory reads the source when the stream runs."""
+    gate = torch.ones(4 * MIB, device="npu")
+    sink = torch.empty_like(gate)
+    src = torch.full((16,), 1.0).pin_memory()
+    dst = torch.zeros(16, device="npu")
+    with slow_copies():
+        sink.copy_(gate)  # keeps the stream busy
+        dst.copy_(src, non_blocking=True)
+        src.fill_(9.0)  # pinned memory is not staged: the stream reads the new value
+        torch.npu.synchronize()
+    assert dst.cpu().eq(9.0).all()
