@@ -156,7 +156,7 @@ def apply_historical_patch() -> None:
     library = torch.library.Library("fsdp", "IMPL")
     with warnings.catch_warnings():
         # Overriding PyTorch's kernel is the point; its warning is expected.
-        warnings.filterwarnings("ignore", message=".*Overriding a previously registered kernel.*")
+        warnings.filterwarnings("ignore", message="(?s).*Overriding a previously registered kernel")
         library.impl("all_gather_copy_in", _historical_all_gather_copy_in, "PrivateUse1")
     _applied = _Applied(
         _fsdp_collectives._get_param_all_gather_inputs, FSDPParamGroup.__dict__["finalize_backward"], library
