@@ -182,6 +182,8 @@ def foreach_copy_(self: list[torch.Tensor], src: list[torch.Tensor], non_blockin
     bool non_blocking=False) -> ()``: same argument errors, results and version-counter
     bumps (one per destination) as upstream; routes per SPEC.md 4.1."""
     profile = profiles.get_profile()
+    # Also first on the compat route: upstream's slow kernel, which DO_COMPATIBILITY
+    # falls back to, begins with the same checks.
     C.check_foreach_api_restrictions(self, src)
     if not profile.foreach_copy_kernel:
         _slow(self, src, non_blocking)
