@@ -131,3 +131,14 @@ def test_invalid_device_index_error():
     else:
         raise AssertionError("expected an error for npu:5")
     assert npusim.get_profile().name == "training_soc"
+
+
+def test_stale_build_lock_does_not_block_import():
+    """A torch build lock left by a killed build does not make the next import wait."""
+    from npusim import _build
+
+    stale = _build.cache_dir() / "npusim_C" / _build._source_hash(_build.CORE_SOURCES) / "lock"
+    stale.write_text("")
+    result = run_python("import torch, npusim; print(torch.ones(2, device='npu').sum().item())", timeout=60)
+    assert result.returncode == 0, result.stderr
+    assert result.stdout.strip() == "2.0" and not stale.exists()

@@ -75,6 +75,10 @@ def load_extension(name: str, sources: tuple[str, ...], extra_ldflags: tuple[str
         try:
             if not any(build_dir.glob("*.so")):
                 _check_toolchain()
+            # torch's own build baton is a plain file that a killed build leaves
+            # behind, making every later load wait forever. Holding our flock
+            # (released by the kernel when a process dies) proves it is stale.
+            (build_dir / "lock").unlink(missing_ok=True)
             return cpp_extension.load(
                 name=name,
                 sources=[str(CSRC / s) for s in sources],
