@@ -199,7 +199,8 @@ c10::intrusive_ptr<c10d::Work> ProcessGroupNpu::launch(Launch&& l) {
   } else {
     job.run = [run = std::move(l.run), keep = std::move(l.keep)] { run(); };
   }
-  job.finish = work->finisher();
+  job.complete = work->completer();
+  job.release = work->releaser();
   job.duration_us = l.bytes > 0 ? api.link_task_us(l.bytes) : 0.0;
   job.what = what;
   comm_.submit(std::move(job));

@@ -4,6 +4,7 @@
 
 #include <chrono>
 #include <thread>
+#include <utility>
 
 // Note [Comm stream]
 // NCCL runs each process group's collectives on one internal stream, in issue
@@ -13,9 +14,15 @@
 // has joined it, and the core's pool streams are shared round-robin with user
 // and FSDP streams, so a blocked collective could stall unrelated work and,
 // with two groups issued in different orders on different ranks, deadlock.
-// Consequence: the core's stream-ordered free does not see this thread, so
-// each job keeps its tensors alive until it finishes (NCCL stashes tensors
-// for the same reason).
+// The core's stream-ordered free does not see this thread, so each job keeps
+// its tensors alive until it has finished (NCCL stashes tensors likewise).
+//
+// The GIL: dropping the last reference to a tensor that Python created takes
+// the GIL, and a host thread may hold the GIL while it waits for a device
+// stream that waits for a collective (a Python kernel calling an npu op).
+// So the threads that run and complete collectives never drop a job's
+// captures; a third thread, the releaser, does it after completion, and
+// nothing ever waits for the releaser.
 //
 // Point-to-point transfers are posted without waiting: gloo's send completes
 // only once the peer has posted the matching recv, so two ranks that each
@@ -63,33 +70,48 @@ std::string message_of(const std::exception& e) {
   return e.what();
 }
 
-// Drops the job's captures (tensors, gloo work) before reporting completion.
-void finish_job(CommJob& job, const std::string& error) {
-  auto finish = std::move(job.finish);
-  const std::string what = job.what;
-  job = CommJob{};
-  finish(error.empty() ? error : what + " failed: " + error);
-}
-
 }  // namespace
 
 struct CommStream::State : std::enable_shared_from_this<CommStream::State> {
   std::mutex mutex;
+  bool stop = false;
+  // comm stream: jobs in issue order
   std::condition_variable cv;
   std::deque<CommJob> queue;
-  bool stop = false;
-  // Posted point-to-point transfers, waited for by the reaper in order.
+  bool worker_done = false;
+  // reaper: posted point-to-point transfers, waited for in order
+  std::condition_variable p2p_cv;
   std::deque<std::pair<c10::intrusive_ptr<c10d::Work>, CommJob>> posted;
   size_t unfinished_p2p = 0;
-  std::condition_variable p2p_cv;
-  bool reaper_started = false;
-  bool worker_done = false;  // the reaper may only stop after the worker
+  bool reaper_running = false;
+  // releaser: completed jobs whose captures are still to be dropped
+  std::condition_variable release_cv;
+  std::deque<std::pair<CommJob, std::string>> completed;
+  bool releaser_running = false;
 
   void run();
   void reap();
-  void wait_p2p_drained();
-  void start_reaper();
+  void release();
+  void finish(CommJob&& job, const std::string& error);
+  void start(bool& running, void (State::*loop)());
 };
+
+void CommStream::State::start(bool& running, void (State::*loop)()) {
+  // Caller holds `mutex`. Threads hold the state and are never joined.
+  if (!running) {
+    running = true;
+    std::thread([self = shared_from_this(), loop] { ((*self).*loop)(); }).detach();
+  }
+}
+
+void CommStream::State::finish(CommJob&& job, const std::string& error) {
+  const std::string message = error.empty() ? error : job.what + " failed: " + error;
+  job.complete(message);
+  std::lock_guard<std::mutex> lock(mutex);
+  completed.emplace_back(std::move(job), message);
+  start(releaser_running, &State::release);
+  release_cv.notify_all();
+}
 
 void CommStream::State::run() {
   for (;;) {
@@ -100,6 +122,7 @@ void CommStream::State::run() {
       if (queue.empty()) {
         worker_done = true;  // stopped and drained
         p2p_cv.notify_all();
+        release_cv.notify_all();
         return;
       }
       job = std::move(queue.front());
@@ -117,18 +140,21 @@ void CommStream::State::run() {
         error = message_of(e);
       }
       if (!work) {
-        finish_job(job, error.empty() ? "gloo returned no work" : error);
+        finish(std::move(job), error.empty() ? "gloo returned no work" : error);
         continue;
       }
-      start_reaper();
       std::lock_guard<std::mutex> lock(mutex);
       ++unfinished_p2p;
       posted.emplace_back(std::move(work), std::move(job));
+      start(reaper_running, &State::reap);
       p2p_cv.notify_all();
       continue;
     }
-    wait_p2p_drained();
-    const auto start = std::chrono::steady_clock::now();
+    {
+      std::unique_lock<std::mutex> lock(mutex);
+      p2p_cv.wait(lock, [&] { return unfinished_p2p == 0; });
+    }
+    const auto start_time = std::chrono::steady_clock::now();
     std::string error;
     try {
       job.run();
@@ -136,22 +162,12 @@ void CommStream::State::run() {
       error = message_of(e);
     }
     if (job.duration_us > 0) {
-      std::this_thread::sleep_until(start +
+      std::this_thread::sleep_until(start_time +
           std::chrono::duration_cast<std::chrono::steady_clock::duration>(
               std::chrono::duration<double, std::micro>(job.duration_us)));
     }
-    finish_job(job, error);
+    finish(std::move(job), error);
   }
-}
-
-void CommStream::State::start_reaper() {
-  std::lock_guard<std::mutex> lock(mutex);
-  if (reaper_started) {
-    return;
-  }
-  reaper_started = true;
-  // Holds the state, like the worker: neither thread is ever joined.
-  std::thread([self = shared_from_this()] { self->reap(); }).detach();
 }
 
 void CommStream::State::reap() {
@@ -161,6 +177,8 @@ void CommStream::State::reap() {
       std::unique_lock<std::mutex> lock(mutex);
       p2p_cv.wait(lock, [&] { return worker_done || !posted.empty(); });
       if (posted.empty()) {
+        reaper_running = false;
+        release_cv.notify_all();
         return;
       }
       item = std::move(posted.front());
@@ -172,8 +190,8 @@ void CommStream::State::reap() {
     } catch (const std::exception& e) {
       error = message_of(e);
     }
-    item.first.reset();
-    finish_job(item.second, error);
+    item.first.reset();  // gloo's work holds only CPU views: no GIL needed
+    finish(std::move(item.second), error);
     {
       std::lock_guard<std::mutex> lock(mutex);
       --unfinished_p2p;
@@ -182,14 +200,27 @@ void CommStream::State::reap() {
   }
 }
 
-void CommStream::State::wait_p2p_drained() {
-  std::unique_lock<std::mutex> lock(mutex);
-  p2p_cv.wait(lock, [&] { return unfinished_p2p == 0; });
+void CommStream::State::release() {
+  for (;;) {
+    std::pair<CommJob, std::string> item;
+    {
+      std::unique_lock<std::mutex> lock(mutex);
+      release_cv.wait(lock, [&] { return (worker_done && !reaper_running) || !completed.empty(); });
+      if (completed.empty()) {
+        releaser_running = false;
+        return;
+      }
+      item = std::move(completed.front());
+      completed.pop_front();
+    }
+    if (item.first.release) {
+      item.first.release(item.second);
+    }
+    // `item` goes out of scope here: the job's tensors are dropped (GIL).
+  }
 }
 
 CommStream::CommStream() : state_(std::make_shared<State>()) {
-  // The thread owns a reference to the state, so destroying the backend
-  // while a collective is blocked on a peer never frees what it uses.
   std::thread([state = state_] { state->run(); }).detach();
 }
 
@@ -199,7 +230,6 @@ CommStream::~CommStream() {
     state_->stop = true;
   }
   state_->cv.notify_all();
-  state_->p2p_cv.notify_all();
 }
 
 void CommStream::submit(CommJob job) {

@@ -40,9 +40,13 @@ struct CommJob {
   std::function<void()> run;
   // A point-to-point transfer: posts it and returns gloo's work unwaited.
   std::function<c10::intrusive_ptr<c10d::Work>()> post;
-  // Called once with "" or the error message. Captures of run/post are
-  // released first, so the collective's tensors are dropped by then.
-  std::function<void(const std::string&)> finish;
+  // Called once on the comm stream's thread with "" or the error message,
+  // as soon as the transfer has finished. Must not need the GIL: a host
+  // thread holding it may be waiting for exactly this (see Note [Comm stream]).
+  std::function<void(const std::string&)> complete;
+  // Called afterwards, with the same message, on a separate release thread
+  // that then drops every capture of the job; may take the GIL.
+  std::function<void(const std::string&)> release;
   // Minimum time the collective occupies the comm stream (timing model).
   double duration_us = 0.0;
   // "all_reduce on npu:0 (rank 0 of 2)", for error messages.

@@ -93,18 +93,19 @@ c10::intrusive_ptr<c10::ivalue::Future> NpuWork::getFuture() {
   return future_;
 }
 
-std::function<void(const std::string&)> NpuWork::finisher() {
-  // Not the Work itself: a device task or the comm stream holding the Work
-  // would keep every output alive until it ends. Dropping the outputs here
-  // may still need the GIL (Python-owned tensors); every host call that
-  // waits for a collective releases it.
-  return [completion = completion_, future = future_, outputs = outputs_](const std::string& error) {
+std::function<void(const std::string&)> NpuWork::completer() const {
+  return [completion = completion_](const std::string& error) { completion->set(error); };
+}
+
+std::function<void(const std::string&)> NpuWork::releaser() const {
+  // Marking the future may run Python callbacks and holds the outputs, so it
+  // belongs to the release thread (Note [Comm stream]).
+  return [future = future_, outputs = outputs_](const std::string& error) {
     if (error.empty()) {
       future->markCompleted(c10::IValue(outputs));
     } else {
       future->setError(backend_error(error));
     }
-    completion->set(error);
   };
 }
 

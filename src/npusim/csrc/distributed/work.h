@@ -35,9 +35,10 @@ class NpuWork final : public c10d::Work {
   // so `future.wait()` blocks the host until then.
   c10::intrusive_ptr<c10::ivalue::Future> getFuture() override;
 
-  // The comm stream's end of the job: the Work is not captured, so finishing
-  // never drops the last reference to its outputs on a worker thread.
-  std::function<void(const std::string&)> finisher();
+  // The job's CommJob::complete and CommJob::release. Neither captures the
+  // Work: a stream task or comm thread holding it would hold its outputs.
+  std::function<void(const std::string&)> completer() const;
+  std::function<void(const std::string&)> releaser() const;
 
  private:
   void throw_if_failed() const;
