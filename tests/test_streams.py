@@ -173,3 +173,14 @@ def test_pinned_source_is_read_by_the_stream_later():
         src.fill_(9.0)  # pinned memory is not staged: the stream reads the new value
         torch.npu.synchronize()
     assert dst.cpu().eq(9.0).all()
+
+
+def test_overlapping_copy_is_rejected_like_cpu():
+    """copy_ between overlapping views of one npu tensor raises CPU's overlap error and leaves dst untouched."""
+    x = torch.arange(10.0, device="npu")
+    with pytest.raises(RuntimeError, match="refer to a single memory location"):
+        x[1:].copy_(x[:-1])
+    assert torch.equal(x.cpu(), torch.arange(10.0))
+    y = torch.arange(4.0, device="npu")
+    y.copy_(y)  # the same view: a no-op, as on CPU
+    assert torch.equal(y.cpu(), torch.arange(4.0))
