@@ -70,21 +70,41 @@ void launch_foreach_copy(const std::vector<at::Tensor>& dsts, const std::vector<
       " pairs, got ", dsts.size(), "; split the lists first");
   const c10::Device device = dsts[0].device();
   TORCH_CHECK(device.type() == kNpu, "launch_foreach_copy: expected npu tensors, got ", device);
-  std::vector<std::pair<at::Tensor, at::Tensor>> pairs;
-  pairs.reserve(dsts.size());
+  // Pairs with one dense layout (what the fast route guarantees) are copied as
+  // raw byte spans; building CPU views for them would dominate the host cost.
+  struct Span {
+    void* dst;
+    const void* src;
+    size_t nbytes;
+  };
+  std::vector<Span> spans;
+  std::vector<std::pair<at::Tensor, at::Tensor>> general;
+  spans.reserve(dsts.size());
   size_t nbytes = 0;
   for (size_t i = 0; i < dsts.size(); ++i) {
-    TORCH_CHECK(dsts[i].device() == device && srcs[i].device() == device,
-        "launch_foreach_copy: pair ", i, " is ", srcs[i].device(), " -> ", dsts[i].device(),
-        "; expected every tensor on ", device);
-    TORCH_CHECK(dsts[i].sizes().equals(srcs[i].sizes()), "launch_foreach_copy: pair ", i,
-        " has source shape ", srcs[i].sizes(), " and destination shape ", dsts[i].sizes());
-    pairs.emplace_back(cpu_alias(dsts[i]), cpu_alias(srcs[i]));
-    nbytes += byte_size(dsts[i]);
+    const at::Tensor& d = dsts[i];
+    const at::Tensor& s = srcs[i];
+    TORCH_CHECK(d.device() == device && s.device() == device, "launch_foreach_copy: pair ", i, " is ",
+        s.device(), " -> ", d.device(), "; expected every tensor on ", device);
+    TORCH_CHECK(d.sizes().equals(s.sizes()), "launch_foreach_copy: pair ", i, " has source shape ",
+        s.sizes(), " and destination shape ", d.sizes());
+    const size_t n = byte_size(d);
+    nbytes += n;
+    if (d.dtype() == s.dtype() && d.strides().equals(s.strides()) && !d.is_conj() && !s.is_conj() &&
+        !d.is_neg() && !s.is_neg() && d.is_non_overlapping_and_dense()) {
+      if (n > 0 && d.data_ptr() != s.data_ptr()) {
+        spans.push_back(Span{d.data_ptr(), s.data_ptr(), n});
+      }
+    } else {
+      general.emplace_back(cpu_alias(d), cpu_alias(s));
+    }
   }
   current_stream(device.index()).enqueue(
-      [pairs = std::move(pairs)] {
-        for (const auto& [dst, src] : pairs) {
+      [spans = std::move(spans), general = std::move(general)] {
+        for (const Span& span : spans) {
+          std::memmove(span.dst, span.src, span.nbytes);
+        }
+        for (const auto& [dst, src] : general) {
           host_copy(dst, src);
         }
       },
