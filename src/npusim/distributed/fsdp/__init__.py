@@ -9,7 +9,10 @@ adds two keyword-only options:
   ``set_custom_reduce_scatter``. ``module._use_mem_cache = True`` (torch-npu's
   spelling) turns it on too, before wrapping or before the next forward.
 - ``recompute_rule``: a forward run again inside backward (activation
-  recompute) triggers no forward prefetch; see Note [Recompute inside backward].
+  recompute) triggers no forward prefetch, and a reentrant recompute of a
+  module run twice gets its own reduce-scatter and reshard (PyTorch 2.13
+  drops that call's gradients); see the Notes in
+  :mod:`npusim.distributed.fsdp.recompute`.
 
 Neither replaces a PyTorch function, so ``audit_fsdp()`` stays clean and
 training results are identical with and without them.

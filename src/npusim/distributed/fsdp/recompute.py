@@ -1,6 +1,7 @@
-"""No redundant all-gather when activations are recomputed during backward.
+"""The recompute rule: a forward run again inside backward (activation checkpointing)
+all-gathers nothing twice, triggers no forward prefetch, and is reduced and resharded.
 
-See Note [Recompute inside backward].
+See Note [Recompute inside backward] and Note [Reentrant recompute of a module run twice].
 """
 
 from __future__ import annotations
