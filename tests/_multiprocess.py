@@ -1,9 +1,11 @@
 """Runs a function on several ranks (spawned processes) over the npu backend, in bounded time.
 
 The parent hosts the TCPStore on a port the OS picks (no fixed port, no
-free-port race); each rank uses ``npu:<rank>`` and the default backend for
-the accelerator, so ``init_process_group`` without a backend is exercised
-too. Every rank is killed when the deadline passes or another rank fails.
+free-port race); each rank uses ``npu:<rank>`` and never names a backend:
+``init_process_group(device_id=npu:<rank>)`` picks the npu's default one, and
+with ``bind_device=False`` plain ``init_process_group()`` picks the
+accelerator's. Every rank is killed when the deadline passes or another rank
+fails.
 """
 
 from __future__ import annotations
@@ -38,7 +40,7 @@ def _environ(env: dict[str, str]) -> Iterator[None]:
                 os.environ[k] = v
 
 
-def _rank_main(rank: int, world_size: int, port: int, pg_timeout_s: float,
+def _rank_main(rank: int, world_size: int, port: int, pg_timeout_s: float, bind_device: bool,
                fn: Callable[..., Any], args: tuple[Any, ...], results: Any) -> None:
     try:
         import torch
@@ -49,7 +51,10 @@ def _rank_main(rank: int, world_size: int, port: int, pg_timeout_s: float,
         torch.npu.set_device(rank)
         timeout = timedelta(seconds=pg_timeout_s)
         store = dist.TCPStore("127.0.0.1", port, is_master=False, timeout=timeout)
-        dist.init_process_group(store=store, rank=rank, world_size=world_size, timeout=timeout)
+        # Without device_id torch 2.13 records GLOO as the group's default
+        # backend type for a non-CUDA accelerator (only a warning at destroy).
+        device_id = torch.device("npu", rank) if bind_device else None
+        dist.init_process_group(store=store, rank=rank, world_size=world_size, timeout=timeout, device_id=device_id)
         results.put((rank, True, fn(rank, world_size, *args)))
     except BaseException:  # noqa: B036  (report everything to the parent)
         results.put((rank, False, traceback.format_exc()))
@@ -59,7 +64,7 @@ def _rank_main(rank: int, world_size: int, port: int, pg_timeout_s: float,
 
 
 def run_ranks(fn: Callable[..., Any], *args: Any, world_size: int = 2, timeout: float = 60.0,
-              pg_timeout: float = 20.0, env: dict[str, str] | None = None) -> list[Any]:
+              pg_timeout: float = 20.0, env: dict[str, str] | None = None, bind_device: bool = True) -> list[Any]:
     """Runs ``fn(rank, world_size, *args)`` on each rank; returns the results by rank.
 
     ``fn`` must be importable (module level). A rank that exits with status 0
@@ -70,8 +75,9 @@ def run_ranks(fn: Callable[..., Any], *args: Any, world_size: int = 2, timeout: 
                            timeout=timedelta(seconds=timeout))
     ctx = mp.get_context("spawn")
     results = ctx.Queue()
-    procs = [ctx.Process(target=_rank_main, args=(r, world_size, server.port, pg_timeout, fn, args, results),
-                         daemon=True) for r in range(world_size)]
+    procs = [ctx.Process(target=_rank_main, daemon=True,
+                         args=(r, world_size, server.port, pg_timeout, bind_device, fn, args, results))
+             for r in range(world_size)]
     out: dict[int, Any] = {}
     deadline = time.monotonic() + timeout
     try:

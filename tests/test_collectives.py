@@ -31,6 +31,7 @@ def _cpu(t: torch.Tensor) -> torch.Tensor:
 
 
 def _check_reductions(rank: int, world: int) -> None:
+    assert dist.group.WORLD._get_backend(torch.device(NPU)).name() == BACKEND_NAME
     # all_reduce: rank r contributes r + 1 (1 and 2). reduce_scatter_tensor:
     # rank r contributes arange(4) + r + 1; rank k keeps elements 2k, 2k+1.
     mine = torch.arange(4.0)[2 * rank:2 * rank + 2]
@@ -163,6 +164,15 @@ def _check_p2p_barrier_async_alloc(rank: int, world: int) -> None:
     dt = distribute_tensor(torch.arange(8.0).view(4, 2), mesh, [Shard(0)])
     assert dt.to_local().device == torch.device(NPU, rank)
     assert_close(dt.full_tensor().cpu(), torch.arange(8.0).view(4, 2))
+    # Sub-groups: DeviceMesh splits the bound default group; new_group creates one.
+    mesh2 = init_device_mesh(NPU, (world, 1), mesh_dim_names=("dp", "tp"))
+    for dim, want in (("dp", 3.0), ("tp", rank + 1.0)):
+        t = _full(rank + 1.0)
+        dist.all_reduce(t, group=mesh2.get_group(dim))
+        assert_close(_cpu(t), torch.full((4,), want), msg=f"all_reduce over mesh dim {dim}")
+    t = _full(rank + 1.0)
+    dist.all_reduce(t, group=dist.new_group([0, 1]))
+    assert_close(_cpu(t), torch.full((4,), 3.0))
     chunks = funcol.all_gather_into_tensor_coalesced([_full(rank + 1.0, n=2)], mesh)
     assert_close(funcol.wait_tensor(chunks[0]).cpu(), torch.tensor([1.0, 1, 2, 2]))
 
@@ -175,8 +185,9 @@ def test_default_backend_for_npu():
 
 
 def test_values_of_every_reduce_op():
-    """all_reduce / reduce_scatter give exact results for SUM, AVG, PREMUL_SUM, MAX, MIN, PRODUCT."""
-    run_ranks(_check_reductions)
+    """all_reduce / reduce_scatter give exact results for SUM, AVG, PREMUL_SUM, MAX, MIN, PRODUCT
+    (the group made by a plain init_process_group(), which picks the npu backend)."""
+    run_ranks(_check_reductions, bind_device=False)
 
 
 def test_values_of_every_op():
@@ -185,7 +196,8 @@ def test_values_of_every_op():
 
 
 def test_p2p_barrier_async_and_alloc():
-    """send/recv (also crossing isends), barrier, async_op futures, allocate_tensor, DeviceMesh/DTensor."""
+    """send/recv (also crossing isends), barrier, async_op futures, allocate_tensor, DeviceMesh/DTensor,
+    split and new groups."""
     run_ranks(_check_p2p_barrier_async_alloc)
 
 
@@ -266,8 +278,10 @@ def _peer_dies(rank: int, world: int) -> dict[str, object]:
         os._exit(0)
     time.sleep(0.5)
     start = time.perf_counter()
-    dist.all_reduce(t)
+    # The failure surfaces at wait() when the collective has already failed by
+    # then, else at the stream's next synchronize (here: the copy to host).
     with pytest.raises(RuntimeError) as stream_error:
+        dist.all_reduce(t)
         t.cpu()
     elapsed = time.perf_counter() - start
     with pytest.raises(dist.DistBackendError) as barrier_error:

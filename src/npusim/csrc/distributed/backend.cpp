@@ -172,7 +172,7 @@ ProcessGroupNpu::ProcessGroupNpu(c10::intrusive_ptr<c10d::Backend> gloo, int ran
     std::chrono::milliseconds timeout, std::string name)
     : c10d::Backend(rank, size),
       gloo_(std::move(gloo)),
-      options_(c10::make_intrusive<Options>(name, timeout)),
+      options_(c10::make_intrusive<NpuOptions>(name, timeout)),
       name_(std::move(name)) {
   init();
 }
@@ -205,6 +205,20 @@ c10::intrusive_ptr<c10d::Work> ProcessGroupNpu::launch(Launch&& l) {
   job.what = what;
   comm_.submit(std::move(job));
   return work;
+}
+
+c10::intrusive_ptr<c10d::Backend> ProcessGroupNpu::split(const c10::intrusive_ptr<c10d::Store>& store,
+    const std::vector<int>& ranks, const c10::intrusive_ptr<Options>& opts) {
+  // gloo's split reads its own options type: give it the inner group's.
+  auto gloo = gloo_->split(store, ranks, gloo_->getBackendOptions());
+  if (!gloo) {
+    return nullptr;  // this rank is not in `ranks`
+  }
+  const auto timeout = opts ? opts->timeout : options_->timeout;
+  gloo->setTimeout(timeout);
+  auto child = c10::make_intrusive<ProcessGroupNpu>(gloo, gloo->getRank(), gloo->getSize(), timeout, name_);
+  child->setBoundDeviceId(getBoundDeviceId());
+  return child;
 }
 
 at::Tensor ProcessGroupNpu::allocateTensor(long size, at::TensorOptions options) {

@@ -13,6 +13,12 @@
 
 namespace npusim::dist {
 
+// Its own type only so that Python can deep-copy it: split_group() copies
+// the parent's options (`copy.deepcopy(backend.options)`).
+struct NpuOptions : c10d::Backend::Options {
+  using c10d::Backend::Options::Options;
+};
+
 class ProcessGroupNpu final : public c10d::Backend {
  public:
   // `gloo` is a ProcessGroupGloo of the same ranks on its own store prefix.
@@ -27,6 +33,19 @@ class ProcessGroupNpu final : public c10d::Backend {
   }
   bool supportsTensorAlloc(c10::DeviceIndex device) override {
     return true;
+  }
+  // DeviceMesh splits a group whose device is bound (init_process_group with
+  // device_id) instead of calling new_group; the inner gloo group splits too.
+  bool supportsSplitting() const override {
+    return true;
+  }
+  c10::intrusive_ptr<c10d::Backend> split(const c10::intrusive_ptr<c10d::Store>& store,
+      const std::vector<int>& ranks, const c10::intrusive_ptr<Options>& opts) override;
+  void setSequenceNumberForGroup() override {
+    gloo_->setSequenceNumberForGroup();
+  }
+  uint64_t getSequenceNumberForGroup() override {
+    return gloo_->getSequenceNumberForGroup();
   }
   // Plain device memory: there is no registered comm pool to draw from.
   at::Tensor allocateTensor(long size, at::TensorOptions options = {}) override;
@@ -73,7 +92,7 @@ class ProcessGroupNpu final : public c10d::Backend {
   std::string describe(const char* op, c10::DeviceIndex device) const;
 
   const c10::intrusive_ptr<c10d::Backend> gloo_;
-  const c10::intrusive_ptr<Options> options_;
+  const c10::intrusive_ptr<NpuOptions> options_;
   const std::string name_;
   CommStream comm_;
 };

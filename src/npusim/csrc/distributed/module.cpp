@@ -38,9 +38,16 @@ PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
         " (", api->size, " bytes); rebuild both (clear the npusim build cache)");
     npusim::dist::set_core_api(api);
   });
+  using npusim::dist::NpuOptions;
+  using npusim::dist::ProcessGroupNpu;
+  // Registered so that Python sees the attributes split_group() reads.
+  py::class_<NpuOptions, c10d::Backend::Options, c10::intrusive_ptr<NpuOptions>>(m, "Options")
+      .def("__deepcopy__", [](const NpuOptions& self, const py::dict&) { return c10::make_intrusive<NpuOptions>(self); });
+  py::class_<ProcessGroupNpu, c10d::Backend, c10::intrusive_ptr<ProcessGroupNpu>>(m, "ProcessGroupNpu")
+      .def_property_readonly("options", &ProcessGroupNpu::getBackendOptions);
   m.def("create_backend",
       [](const c10::intrusive_ptr<c10d::Backend>& gloo, int rank, int size, int64_t timeout_ms,
-          const std::string& name) -> c10::intrusive_ptr<c10d::Backend> {
+          const std::string& name) -> c10::intrusive_ptr<ProcessGroupNpu> {
         return c10::make_intrusive<npusim::dist::ProcessGroupNpu>(
             gloo, rank, size, std::chrono::milliseconds(timeout_ms), name);
       },
