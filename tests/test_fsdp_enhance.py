@@ -15,19 +15,16 @@ import pytest
 import torch
 from torch.distributed.fsdp import fully_shard as upstream_fully_shard
 
-from _fsdp_enhance_model import (
+from _fsdp_enhance_model import TinyTransformer, batch, full_params, loss_fn
+from _multiprocess import run_ranks
+from npusim.bench._fsdp_harness import (
     CommCounter,
     CountingAllGather,
     CountingReduceScatter,
     Setup,
-    TinyTransformer,
     all_sharded,
-    batch,
-    full_params,
-    loss_fn,
     shard,
 )
-from _multiprocess import run_ranks
 
 STEPS = 4
 WARMUP = 1  # steps before the cache holds every buffer a step needs
