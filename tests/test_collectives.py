@@ -204,7 +204,7 @@ def test_p2p_barrier_async_and_alloc():
 # ---- stream semantics --------------------------------------------------------
 
 SLOW_COPY_GBPS = 0.02  # 4 MB copy: ~200 ms
-SLOW_LINK_GBPS = 0.02
+SLOW_LINK_GBPS = 0.01  # 4 MB collective: ~400 ms
 
 
 def _check_stream_semantics(rank: int, world: int) -> dict[str, float]:
@@ -259,10 +259,10 @@ def test_stream_semantics():
     Work.wait() makes the current stream (not the host) wait."""
     results = run_ranks(_check_stream_semantics)
     for timings in results:
-        # 4 MB over a 0.02 GB/s link: ~200 ms on the comm stream.
-        assert timings["collective_s"] > 0.15
+        # 4 MB over a 0.01 GB/s link: ~400 ms on the comm stream.
+        assert timings["collective_s"] > 0.3
         assert timings["host_wait_s"] < timings["collective_s"] / 2
-        assert timings["sync_op_host_s"] < 0.1
+        assert timings["sync_op_host_s"] < 0.2
 
 
 # ---- failures ------------------------------------------------------------------
