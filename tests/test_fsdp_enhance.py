@@ -136,6 +136,7 @@ def _edge_job(rank: int, world: int) -> dict[str, Any]:
         "reshard_after_forward=False": (Setup(reshard_after_forward=False), {}, {}),
         "reshard_after_forward=1": (Setup(reshard_after_forward=1), {}, {}),
         "reshard_after_forward=2": (Setup(reshard_after_forward=2), {}, {}),
+        "bf16 params, fp32 reduce": (Setup(mixed_precision=True), {}, {}),
     }
     out: dict[str, Any] = {}
     for name, (setup, model_kw, train_kw) in cases.items():
@@ -256,7 +257,8 @@ def _edge_results(edges: dict[str, Any]) -> list[tuple[str, dict[str, Any]]]:
 
 def test_edge_cases_match_pytorch_and_never_gather_more(edges):
     """Block called twice (and tied weights), two forwards per backward, eval+no_grad, nested FSDP,
-    reshard_after_forward False and int: identical training (checked in the ranks), never more all-gathers."""
+    reshard_after_forward False and int, mixed precision: identical training (checked in the
+    ranks), never more all-gathers."""
     for label, result in _edge_results(edges):
         if not result["upstream_ok"]:
             continue

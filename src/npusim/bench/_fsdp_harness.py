@@ -12,7 +12,7 @@ from typing import Any, NamedTuple
 import torch
 import torch.distributed as dist
 import torch.nn as nn
-from torch.distributed.fsdp import FSDPModule
+from torch.distributed.fsdp import FSDPModule, MixedPrecisionPolicy
 from torch.distributed.fsdp import fully_shard as upstream_fully_shard
 from torch.distributed.fsdp._fully_shard._fsdp_collectives import DefaultAllGather, DefaultReduceScatter
 
@@ -80,6 +80,7 @@ class Setup(NamedTuple):
     reshard_after_forward: bool | int | None = None  # None: fully_shard's default
     nested: bool = False  # also shard fc1 / fc2 inside each (checkpointed) block
     prefetch: bool = True  # explicit forward prefetch block i -> block i + 1
+    mixed_precision: bool = False  # bf16 parameters for compute, fp32 gradient reduction
 
 
 def shard(model: nn.Module, setup: Setup, cache: enhanced.CommBufferCache | None) -> list[FSDPModule]:
@@ -88,6 +89,8 @@ def shard(model: nn.Module, setup: Setup, cache: enhanced.CommBufferCache | None
     kw: dict[str, Any] = {}
     if setup.reshard_after_forward is not None:
         kw["reshard_after_forward"] = setup.reshard_after_forward
+    if setup.mixed_precision:
+        kw["mp_policy"] = MixedPrecisionPolicy(param_dtype=torch.bfloat16, reduce_dtype=torch.float32)
     if use_layer:
         kw.update(mem_cache=cache if setup.mem_cache else False, recompute_rule=setup.recompute_rule)
     fs: Callable[..., Any] = enhanced.fully_shard if use_layer else upstream_fully_shard
