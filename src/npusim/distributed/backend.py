@@ -11,6 +11,7 @@ orders collectives like NCCL (see Note [Comm stream] in comm_stream.cpp).
 
 from __future__ import annotations
 
+import atexit
 from datetime import timedelta
 from types import ModuleType
 
@@ -24,6 +25,10 @@ DEVICE_TYPE = "npu"
 SOURCES = ("distributed/comm_stream.cpp", "distributed/work.cpp", "distributed/backend.cpp",
            "distributed/module.cpp")
 
+# At exit, wait this long for comm streams to drop the tensors of finished
+# collectives (that takes the GIL, which aborts a finalizing interpreter).
+DRAIN_AT_EXIT_S = 5.0
+
 _extension: ModuleType | None = None
 
 
@@ -35,8 +40,18 @@ def load() -> ModuleType:
         # Extensions are loaded RTLD_LOCAL: the backend reaches the core's
         # runtime through this table, not through linked symbols.
         ext.set_core_api(C.core_api())
+        atexit.register(_drain_at_exit)
         _extension = ext
     return _extension
+
+
+def _drain_at_exit() -> None:
+    """Lets comm streams drop the tensors of finished collectives before finalization."""
+    try:
+        C.synchronize_all()  # device tasks waiting for collectives let them finish first
+    finally:
+        if _extension is not None:
+            _extension.drain_releases(DRAIN_AT_EXIT_S)
 
 
 def create_backend(store: dist.Store, rank: int, size: int, timeout: timedelta) -> dist.Backend:

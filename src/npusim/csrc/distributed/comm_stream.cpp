@@ -5,6 +5,7 @@
 #include <chrono>
 #include <thread>
 #include <utility>
+#include <vector>
 
 // Note [Comm stream]
 // NCCL runs each process group's collectives on one internal stream, in issue
@@ -88,6 +89,8 @@ struct CommStream::State : std::enable_shared_from_this<CommStream::State> {
   std::condition_variable release_cv;
   std::deque<std::pair<CommJob, std::string>> completed;
   bool releaser_running = false;
+  size_t unreleased = 0;  // completed jobs whose captures are not dropped yet
+  std::condition_variable released_cv;
 
   void run();
   void reap();
@@ -109,6 +112,7 @@ void CommStream::State::finish(CommJob&& job, const std::string& error) {
   job.complete(message);
   std::lock_guard<std::mutex> lock(mutex);
   completed.emplace_back(std::move(job), message);
+  ++unreleased;
   start(releaser_running, &State::release);
   release_cv.notify_all();
 }
@@ -216,11 +220,48 @@ void CommStream::State::release() {
     if (item.first.release) {
       item.first.release(item.second);
     }
-    // `item` goes out of scope here: the job's tensors are dropped (GIL).
+    item = {};  // drops the job's tensors (may take the GIL)
+    {
+      std::lock_guard<std::mutex> lock(mutex);
+      --unreleased;
+    }
+    released_cv.notify_all();
   }
 }
 
+namespace {
+// Every comm stream's state, for drain_releases at exit. Leaked on purpose:
+// detached threads may outlive static destructors.
+std::mutex& g_states_mutex = *new std::mutex();
+std::vector<std::weak_ptr<CommStream::State>>& g_states = *new std::vector<std::weak_ptr<CommStream::State>>();
+}  // namespace
+
+bool CommStream::drain_releases(double timeout_s) {
+  std::vector<std::shared_ptr<State>> states;
+  {
+    std::lock_guard<std::mutex> lock(g_states_mutex);
+    for (const auto& weak : g_states) {
+      if (auto state = weak.lock()) {
+        states.push_back(std::move(state));
+      }
+    }
+  }
+  const auto deadline = std::chrono::steady_clock::now() + std::chrono::duration_cast<
+      std::chrono::steady_clock::duration>(std::chrono::duration<double>(timeout_s));
+  bool drained = true;
+  for (auto& state : states) {
+    std::unique_lock<std::mutex> lock(state->mutex);
+    drained &= state->released_cv.wait_until(lock, deadline, [&] { return state->unreleased == 0; });
+  }
+  return drained;
+}
+
 CommStream::CommStream() : state_(std::make_shared<State>()) {
+  {
+    std::lock_guard<std::mutex> lock(g_states_mutex);
+    std::erase_if(g_states, [](const auto& weak) { return weak.expired(); });
+    g_states.push_back(state_);
+  }
   std::thread([state = state_] { state->run(); }).detach();
 }
 

@@ -63,6 +63,11 @@ class CommStream {
 
   void submit(CommJob job);
 
+  // Waits (at most timeout_s) until every comm stream of the process has
+  // released the captures of its completed jobs. Called at exit with the GIL
+  // released: a thread that takes the GIL while Python finalizes aborts it.
+  static bool drain_releases(double timeout_s);
+
   struct State;
 
  private:

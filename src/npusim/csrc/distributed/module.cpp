@@ -45,6 +45,8 @@ PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
       .def("__deepcopy__", [](const NpuOptions& self, const py::dict&) { return c10::make_intrusive<NpuOptions>(self); });
   py::class_<ProcessGroupNpu, c10d::Backend, c10::intrusive_ptr<ProcessGroupNpu>>(m, "ProcessGroupNpu")
       .def_property_readonly("options", &ProcessGroupNpu::getBackendOptions);
+  m.def("drain_releases", &npusim::dist::CommStream::drain_releases, py::arg("timeout_s"),
+      py::call_guard<py::gil_scoped_release>());
   m.def("create_backend",
       [](const c10::intrusive_ptr<c10d::Backend>& gloo, int rank, int size, int64_t timeout_ms,
           const std::string& name) -> c10::intrusive_ptr<ProcessGroupNpu> {
