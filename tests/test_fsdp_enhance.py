@@ -181,6 +181,27 @@ def _use_mem_cache_attribute(rank: int) -> list[bool]:
     return [cached(model.blocks[0]), cached(model.blocks[1]), cached(model.blocks[2]), cached(model)]
 
 
+def _slow_device_job(rank: int, world: int) -> list[list[int]]:
+    """Device work lags the host by many steps' worth of tasks: buffers are released while still queued."""
+    import npusim
+
+    assert npusim.timing.get().enabled
+    allocs = []
+    for reentrant in (False, True):
+        ref = train(rank, Setup(), {"use_reentrant": reentrant}, steps=3)
+        got = train(rank, Setup(mem_cache=True, recompute_rule=True), {"use_reentrant": reentrant}, steps=3)
+        assert_same_training(ref, got, f"slow device (use_reentrant={reentrant})")
+        allocs.append([s["allocs"] for s in got["steps"]])
+    return allocs
+
+
+def test_identical_with_a_slow_device():
+    """With the timing model making every device task slow, the cache still trains bit-identically."""
+    allocs = run_ranks(_slow_device_job, timeout=120,
+                       env={"NPUSIM_TIMING": "copy_gbps=0.05,launch_us=1000,link_gbps=0.02"})[0]
+    assert all(a[WARMUP:] == [0, 0] for a in allocs), allocs
+
+
 @pytest.fixture(scope="module")
 def parity() -> dict[str, Any]:
     return run_ranks(_parity_job, timeout=150)[0]
