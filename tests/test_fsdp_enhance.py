@@ -202,6 +202,27 @@ def test_identical_with_a_slow_device():
     assert all(a[WARMUP:] == [0, 0] for a in allocs), allocs
 
 
+def _reshard_to_int_job(rank: int, world: int) -> dict[bool, list[dict[str, Any]]]:
+    """reshard_after_forward=2 of 4 ranks: parameters kept sharded over 2 ranks between forward and backward."""
+    out = {}
+    for reentrant in (False, True):
+        setup = Setup(reshard_after_forward=2)
+        ref = train(rank, setup, {"use_reentrant": reentrant}, steps=3)
+        got = train(rank, setup._replace(mem_cache=True, recompute_rule=True), {"use_reentrant": reentrant}, steps=3)
+        assert_same_training(ref, got, f"reshard_after_forward=2 of 4 (use_reentrant={reentrant})")
+        out[reentrant] = got["steps"]
+    return out
+
+
+def test_reshard_after_forward_int_on_four_ranks():
+    """The post-forward mesh path (an int smaller than the world): identical training, resharded, 0 allocations."""
+    result = run_ranks(_reshard_to_int_job, world_size=4, timeout=150, env={"NPUSIM_DEVICE_COUNT": "4"})[0]
+    for reentrant, steps in result.items():
+        assert all(s["resharded"] for s in steps), reentrant
+        assert [s["allocs"] for s in steps[WARMUP:]] == [0, 0], (reentrant, steps)
+        assert [s["ag_bwd"] for s in steps] == [4, 4, 4], (reentrant, steps)  # 3 blocks + root
+
+
 @pytest.fixture(scope="module")
 def parity() -> dict[str, Any]:
     return run_ranks(_parity_job, timeout=150)[0]
