@@ -18,8 +18,8 @@ from types import ModuleType
 import torch
 
 CSRC = Path(__file__).parent / "csrc"
-CORE_SOURCES = ("runtime.cpp", "device_hooks.cpp", "tensor_alias.cpp", "aten_ops.cpp", "primitives.cpp",
-                "autocast.cpp", "module.cpp")
+CORE_SOURCES = ("runtime.cpp", "memory.cpp", "device_hooks.cpp", "tensor_alias.cpp", "aten_ops.cpp",
+                "primitives.cpp", "autocast.cpp", "module.cpp")
 
 
 class BuildError(RuntimeError):

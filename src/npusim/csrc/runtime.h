@@ -109,6 +109,13 @@ NpuStream& stream_from_pool(c10::DeviceIndex device, int priority);
 // Returns the previous current stream of that device (this thread).
 c10::Stream exchange_current_stream(const c10::Stream& stream);
 void synchronize_device(c10::DeviceIndex device);
+// (stream, enqueued count) of every stream with unfinished work: a block
+// freed now may be released once each stream has completed that many tasks.
+std::vector<std::pair<NpuStream*, uint64_t>> pending_stream_fences();
+// Creates the streams (once); fixes the device count.
+void start_runtime();
+// True on a stream's worker thread (which must never wait on streams).
+bool on_stream_worker();
 void synchronize_all();
 // Cheap check used before every host-side op: waits only if work is pending.
 inline void wait_current_stream_idle(c10::DeviceIndex device) {
@@ -167,6 +174,8 @@ c10::DataPtr allocate_pinned(size_t nbytes);
 bool is_pinned_ptr(const void* ptr);
 // Frees what no stream can still touch; returns bytes released.
 int64_t reclaim_deferred_frees();
+// Cheap when nothing is pending; called after every task and allocation.
+void maybe_reclaim_deferred_frees();
 void empty_cache();
 void reset_peak_stats(c10::DeviceIndex device);
 
