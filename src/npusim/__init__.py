@@ -85,9 +85,10 @@ if os.environ.get("NPUSIM_MEMORY_CAPACITY"):
     for _index in range(torch.npu.device_count()):
         torch.npu.set_memory_capacity(parse_bytes(os.environ["NPUSIM_MEMORY_CAPACITY"]), _index)
 
-import npusim.ops  # noqa: E402, F401  (registers the npu kernel of aten::_foreach_copy_)
-# Registers the "hccl" collective backend for npu (its extension builds on the
+# npusim.ops registers the npu kernel of aten::_foreach_copy_; npusim.distributed
+# registers the "hccl" collective backend for npu (its extension builds on the
 # first process group), so NPU training scripts work with just `import npusim`.
 import npusim.distributed  # noqa: E402, F401
+import npusim.ops  # noqa: E402, F401
 
 __all__ = ["PRESETS", "BackendConflictError", "Profile", "get_profile", "set_profile", "timing", "use_profile"]
