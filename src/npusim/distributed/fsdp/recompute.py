@@ -48,7 +48,11 @@ from torch.distributed.fsdp._fully_shard._fsdp_common import TrainingState
 # post-backward (POST_BACKWARD: nothing of this call was reduced yet), the
 # rule sets the state back to IDLE, so FSDP takes the same path as for the
 # first recompute: all-gather, hooks, and reduce-scatter plus reshard in
-# post-backward.
+# post-backward. Under non-reentrant checkpointing of the FSDP module itself
+# the condition does not arise: each call's own pre-backward hook (registered
+# by the real forward) runs before its recompute and sets the group to
+# PRE_BACKWARD. (Not covered by tests: a non-reentrant checkpoint around more
+# than the FSDP module, whose recompute starts before that hook runs.)
 
 
 def in_backward() -> bool:
