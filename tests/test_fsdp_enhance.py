@@ -123,7 +123,8 @@ def _parity_job(rank: int, world: int) -> dict[str, Any]:
 
 # PyTorch 2.13 alone mistrains these under reentrant checkpointing (see Note
 # [Reentrant recompute of a module run twice] in npusim.distributed.fsdp.recompute).
-UPSTREAM_REENTRANT_BUGS = {"block called twice", "two forwards, one backward", "nested fsdp, block called twice"}
+UPSTREAM_REENTRANT_BUGS = {"block called twice", "two forwards, one backward", "nested fsdp, block called twice",
+                           "wide checkpoint, block called twice"}
 
 
 def _edge_job(rank: int, world: int) -> dict[str, Any]:
@@ -134,6 +135,8 @@ def _edge_job(rank: int, world: int) -> dict[str, Any]:
         "eval no_grad forward": (Setup(), {}, {"eval_every_step": True}),
         "nested fsdp in checkpoint": (Setup(nested=True), {}, {}),
         "nested fsdp, block called twice": (Setup(nested=True), {"order": (0, 1, 0), "n_blocks": 2}, {}),
+        "wide checkpoint, block called twice": (Setup(), {"order": (0, 1, 0), "n_blocks": 2,
+                                                          "wide_checkpoint": True}, {}),
         "reshard_after_forward=False": (Setup(reshard_after_forward=False), {}, {}),
         "reshard_after_forward=1": (Setup(reshard_after_forward=1), {}, {}),
         "reshard_after_forward=2": (Setup(reshard_after_forward=2), {}, {}),

@@ -34,7 +34,8 @@ class Block(nn.Module):
 
 class TinyTransformer(nn.Module):
     def __init__(self, vocab: int = 32, dim: int = 16, heads: int = 2, seq: int = 8, n_blocks: int = 3,
-                 order: tuple[int, ...] | None = None, use_reentrant: bool | None = False) -> None:
+                 order: tuple[int, ...] | None = None, use_reentrant: bool | None = False,
+                 wide_checkpoint: bool = False) -> None:
         super().__init__()
         self.tok = nn.Embedding(vocab, dim)
         self.pos = nn.Parameter(torch.randn(seq, dim) * 0.02)
@@ -44,10 +45,18 @@ class TinyTransformer(nn.Module):
         self.head.weight = self.tok.weight
         self.order = order if order is not None else tuple(range(n_blocks))
         self.use_reentrant = use_reentrant  # None: no checkpointing
+        # Checkpoint ops around the block call too, so that the recompute starts
+        # before the block's output gradient (and FSDP's pre-backward hook) exists.
+        self.wide_checkpoint = wide_checkpoint
 
     def forward(self, idx: torch.Tensor) -> torch.Tensor:
         h = self.tok(idx) + self.pos[: idx.shape[1]]
         for i in self.order:
-            block = self.blocks[i]
-            h = block(h) if self.use_reentrant is None else checkpoint(block, h, use_reentrant=self.use_reentrant)
+            fn = self._wide if self.wide_checkpoint else self.blocks[i]
+            args = (self.blocks[i], h) if self.wide_checkpoint else (h,)
+            h = fn(*args) if self.use_reentrant is None else checkpoint(fn, *args, use_reentrant=self.use_reentrant)
         return self.head(self.norm(h))
+
+    @staticmethod
+    def _wide(block: nn.Module, h: torch.Tensor) -> torch.Tensor:
+        return block(torch.tanh(h)) * 1.5
