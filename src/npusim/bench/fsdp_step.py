@@ -1,0 +1,126 @@
+"""``python -m npusim bench fsdp-step``: FSDP2 step time on the simulated npu against CPU + gloo.
+
+Two ranks join one process group with two backends, ``"cpu:gloo,npu:hccl"``,
+and each builds the same small transformer twice from one seed (the model of
+tests/test_fsdp2.py's transformer test: PyTorch's test ``Transformer``, tied
+embedding and output weights, every block activation-checkpointed, no
+dropout): one sharded with PyTorch's ``fully_shard`` over an npu mesh (the
+hccl backend), one over a CPU mesh (gloo). Steps of the two alternate, and
+which goes first alternates too, so both see the same machine load (SPEC.md
+section 6: a ratio of things measured side by side in one run). A step is
+forward + backward + optimizer step, timed until its device work is done;
+the median over the steps after warm-up is reported, with the ratio npu/cpu.
+The losses of the two are compared every step, so both really train the same
+model on the same data.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import statistics
+import time
+from pathlib import Path
+from typing import Any
+
+import torch
+
+from npusim.bench._ranks import run_ranks
+
+DEVICES = ("npu", "cpu")
+
+
+def add_arguments(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument("--layers", type=int, default=2, help="transformer blocks (the test uses 2)")
+    parser.add_argument("--batch", type=int, default=4, help="sequences of 16 tokens per rank and step")
+    parser.add_argument("--steps", type=int, default=60, help="measured steps per device")
+    parser.add_argument("--warmup", type=int, default=5, help="steps per device not measured")
+    parser.add_argument("--copy-gbps", type=float, default=0.0,
+                        help="npu timing model, device copy bandwidth in GB/s (default: off, device work "
+                             "takes its real host time)")
+    parser.add_argument("--timeout", type=float, default=150.0, help="seconds before the ranks are killed")
+
+
+def _build(device: str, rank: int, world: int, args: argparse.Namespace) -> tuple[Any, torch.optim.Optimizer]:
+    # Imported in the rank: at import it looks up the accelerator's default
+    # backend, which npusim.distributed registers there.
+    from torch.distributed.device_mesh import init_device_mesh
+    from torch.distributed.fsdp import fully_shard
+    from torch.testing._internal.distributed._tensor.common_dtensor import ModelArgs, Transformer
+
+    torch.manual_seed(0)  # same initial weights on both devices
+    model = Transformer(ModelArgs(n_layers=args.layers, dropout_p=0.0, checkpoint_activations=True))
+    model = model.to(torch.device(device, rank) if device == "npu" else device)
+    # A world-sized mesh reuses the default group; its backend is picked by the tensors' device.
+    mesh = init_device_mesh(device, (world,))
+    for block in model.layers:
+        fully_shard(block, mesh=mesh)
+    fully_shard(model, mesh=mesh)
+    # As in the test: SGD with momentum (the update depends on the gradients' scale).
+    return model, torch.optim.SGD(model.parameters(), lr=0.05, momentum=0.5)
+
+
+def _step(model: Any, opt: torch.optim.Optimizer, tokens: torch.Tensor) -> tuple[float, float]:
+    """One training step; (seconds, loss). Timed until the npu's queued work is done."""
+    from torch.nn.functional import cross_entropy
+
+    start = time.perf_counter()
+    out = model(tokens)
+    loss = cross_entropy(out.flatten(0, 1).float(), tokens.flatten())
+    loss.backward()
+    opt.step()
+    opt.zero_grad(set_to_none=True)
+    if tokens.device.type == "npu":
+        torch.npu.synchronize()  # the comm and copy streams too, not only the current one
+    elapsed = time.perf_counter() - start
+    return elapsed, loss.item()
+
+
+def _job(rank: int, world: int, args: argparse.Namespace) -> dict[str, Any]:
+    import npusim
+
+    models = {d: _build(d, rank, world, args) for d in DEVICES}
+    gen = torch.Generator().manual_seed(1 + rank)
+    times: dict[str, list[float]] = {d: [] for d in DEVICES}
+    losses: dict[str, list[float]] = {d: [] for d in DEVICES}
+    with npusim.timing.model(copy_gbps=args.copy_gbps):
+        for i in range(args.warmup + args.steps):
+            tokens = torch.randint(0, 8, (args.batch, 16), generator=gen)
+            # Alternate which device goes first, so neither always runs right after the other.
+            for d in DEVICES if i % 2 == 0 else DEVICES[::-1]:
+                x = tokens.to(torch.device(d, rank) if d == "npu" else d)
+                seconds, loss = _step(*models[d], x)
+                losses[d].append(loss)
+                if i >= args.warmup:
+                    times[d].append(seconds)
+    return {"times_s": times, "losses": losses}
+
+
+def run(args: argparse.Namespace) -> int:
+    if args.warmup < 0 or args.steps < 1:
+        raise SystemExit(f"bench fsdp-step: expected --warmup >= 0 and --steps >= 1, got {args.warmup}, "
+                         f"{args.steps}")
+    ranks = run_ranks(_job, args, name="fsdp-step", backend="cpu:gloo,npu:hccl", timeout_s=args.timeout)
+    # Same model, data and optimizer: the two must train alike (float rounding aside).
+    loss_diff = max(abs(a - b) for r in ranks for a, b in zip(r["losses"]["npu"], r["losses"]["cpu"], strict=True))
+    if loss_diff > 1e-3:
+        raise RuntimeError(f"bench fsdp-step: npu and cpu losses differ by {loss_diff:g}")
+    med = [{d: statistics.median(r["times_s"][d]) * 1e3 for d in DEVICES} for r in ranks]
+    timing = f"copy_gbps={args.copy_gbps:g}" if args.copy_gbps else "off"
+    print(f"FSDP2 step (forward+backward+SGD step), 2 ranks, test Transformer n_layers={args.layers} dim=16 "
+          f"seq=16 batch={args.batch}, every block checkpointed; median of {args.steps} steps after "
+          f"{args.warmup} warm-up, npu and cpu steps interleaved; npu timing model {timing}; "
+          f"max |loss npu - loss cpu| = {loss_diff:.1e}")
+    print("| device | backend | rank 0 ms/step | rank 1 ms/step |")
+    print("|---|---|---|---|")
+    for d, backend in (("npu", "hccl"), ("cpu", "gloo")):
+        print(f"| {d} | {backend} | {med[0][d]:.2f} | {med[1][d]:.2f} |")
+    ratios = [m["npu"] / m["cpu"] for m in med]
+    print(f"| npu/cpu | | {ratios[0]:.2f} | {ratios[1]:.2f} |")
+    out = Path(args.out)
+    out.mkdir(parents=True, exist_ok=True)
+    raw = {"args": {k: v for k, v in vars(args).items() if not k.startswith("_")},
+           "median_ms": med, "ratio_npu_cpu": ratios, "max_loss_diff": loss_diff, "ranks": ranks}
+    (out / "fsdp-step.json").write_text(json.dumps(raw, indent=2, default=str))
+    return 0
+
