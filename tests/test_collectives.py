@@ -16,8 +16,8 @@ from torch.distributed.tensor import Replicate, Shard, distribute_tensor
 from torch.testing import assert_close
 
 import npusim
-from _multiprocess import run_ranks
 from npusim.distributed import BACKEND_NAME
+from npusim.distributed.ranks import run_ranks
 
 NPU = "npu"
 

@@ -35,7 +35,7 @@ from typing import Any
 
 import torch
 
-from npusim.bench._ranks import run_ranks
+from npusim.distributed.ranks import run_ranks
 
 CONFIGS = ("aligned", "legacy", "legacy + patch")
 DTYPES = ("fp32", "bf16")  # parameter dtype for compute (and thus for the all-gather)
@@ -145,7 +145,8 @@ def run(args: argparse.Namespace) -> int:
     if args.warmup < 0 or args.steps < 1:
         raise SystemExit(f"bench fsdp-copy-in: expected --warmup >= 0 and --steps >= 1, got {args.warmup}, "
                          f"{args.steps}")
-    ranks = run_ranks(_job, args, name="fsdp-copy-in", timeout_s=args.timeout)
+    ranks = run_ranks(_job, args, name="bench fsdp-copy-in", backend="hccl", bind_device=False,
+                      timeout=args.timeout, pg_timeout=args.timeout)
     rows = []
     for dtype in DTYPES:
         base = None

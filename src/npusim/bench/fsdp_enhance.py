@@ -16,19 +16,15 @@ from __future__ import annotations
 import argparse
 import gc
 import json
-import multiprocessing as mp
-import os
-import queue
 import statistics
 import time
-import traceback
-from datetime import timedelta
 from pathlib import Path
-from typing import Any, NamedTuple
+from typing import NamedTuple
 
 import torch
 
 from npusim.bench._fsdp_harness import Setup
+from npusim.distributed.ranks import run_ranks
 
 CONFIGS: dict[str, Setup] = {
     "off": Setup(),
@@ -109,64 +105,21 @@ def _train(rank: int, args: argparse.Namespace, setup: Setup, reentrant: bool) -
                statistics.median(times[args.warmup:]) * 1e3, losses)
 
 
-def _rank(rank: int, world: int, port: int, args: argparse.Namespace, results: Any) -> None:
-    try:
-        import torch.distributed as dist
-
-        import npusim.distributed  # noqa: F401  (npu device and its collective backend)
-
-        torch.set_num_threads(1)
-        torch.npu.set_device(rank)
-        store = dist.TCPStore("127.0.0.1", port, is_master=False, timeout=timedelta(seconds=args.timeout))
-        dist.init_process_group(store=store, rank=rank, world_size=world, timeout=timedelta(seconds=args.timeout))
-        rows = []
-        for reentrant in (False, True):
-            for name, setup in CONFIGS.items():
-                rows.append(_train(rank, args, setup, reentrant)._replace(config=name))
-        results.put((rank, rows))
-        dist.destroy_process_group()
-    except BaseException:  # noqa: B036  (reported to the parent)
-        results.put((rank, traceback.format_exc()))
-
-
-def _spawn(args: argparse.Namespace, world: int = 2) -> list[Row]:
-    """Rank 0's rows; the ranks are killed on the first failure or at ``--timeout``."""
-    import torch.distributed as dist
-
-    server = dist.TCPStore("127.0.0.1", 0, is_master=True, wait_for_workers=False,
-                           timeout=timedelta(seconds=args.timeout))
-    ctx = mp.get_context("spawn")
-    results = ctx.Queue()
-    os.environ.setdefault("OMP_NUM_THREADS", "1")
-    procs = [ctx.Process(target=_rank, args=(r, world, server.port, args, results), daemon=True)
-             for r in range(world)]
-    for p in procs:
-        p.start()
-    out: dict[int, Any] = {}
-    deadline = time.monotonic() + args.timeout
-    try:
-        while len(out) < world:
-            try:
-                rank, value = results.get(timeout=min(1.0, max(0.01, deadline - time.monotonic())))
-            except queue.Empty:
-                if time.monotonic() > deadline or any(p.exitcode not in (None, 0) for p in procs):
-                    raise RuntimeError(f"bench fsdp-enhance: ranks did not finish within {args.timeout} s") from None
-                continue
-            if isinstance(value, str):
-                raise RuntimeError(f"bench fsdp-enhance: rank {rank} failed:\n{value}")
-            out[rank] = value
-    finally:
-        for p in procs:
-            p.join(timeout=5)
-            if p.is_alive():
-                p.kill()
-    return out[0]
+def _job(rank: int, world: int, args: argparse.Namespace) -> list[Row]:
+    """Every configuration, for use_reentrant False then True, in one process group."""
+    rows = []
+    for reentrant in (False, True):
+        for name, setup in CONFIGS.items():
+            rows.append(_train(rank, args, setup, reentrant)._replace(config=name))
+    return rows
 
 
 def run(args: argparse.Namespace) -> int:
     if not 0 <= args.warmup < args.steps:
         raise SystemExit(f"bench fsdp-enhance: expected 0 <= --warmup < --steps, got {args.warmup} and {args.steps}")
-    rows = _spawn(args)
+    # No backend named and no device bound, as before: the npu's default backend.
+    rows = run_ranks(_job, args, name="bench fsdp-enhance", bind_device=False, timeout=args.timeout,
+                     pg_timeout=args.timeout)[0]
     for reentrant in (False, True):
         same = [r.losses for r in rows if r.use_reentrant == reentrant]
         if any(losses != same[0] for losses in same):

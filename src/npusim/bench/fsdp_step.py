@@ -25,7 +25,7 @@ from typing import Any
 
 import torch
 
-from npusim.bench._ranks import run_ranks
+from npusim.distributed.ranks import run_ranks
 
 DEVICES = ("npu", "cpu")
 
@@ -100,7 +100,9 @@ def run(args: argparse.Namespace) -> int:
     if args.warmup < 0 or args.steps < 1:
         raise SystemExit(f"bench fsdp-step: expected --warmup >= 0 and --steps >= 1, got {args.warmup}, "
                          f"{args.steps}")
-    ranks = run_ranks(_job, args, name="fsdp-step", backend="cpu:gloo,npu:hccl", timeout_s=args.timeout)
+    # Unbound (no device_id) as before: the group has a gloo side for the CPU mesh.
+    ranks = run_ranks(_job, args, name="bench fsdp-step", backend="cpu:gloo,npu:hccl", bind_device=False,
+                      timeout=args.timeout, pg_timeout=args.timeout)
     # Same model, data and optimizer: the two must train alike (float rounding aside).
     loss_diff = max(abs(a - b) for r in ranks for a, b in zip(r["losses"]["npu"], r["losses"]["cpu"], strict=True))
     if loss_diff > 1e-3:
