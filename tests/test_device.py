@@ -142,3 +142,36 @@ def test_stale_build_lock_does_not_block_import():
     result = run_python("import torch, npusim; print(torch.ones(2, device='npu').sum().item())", timeout=60)
     assert result.returncode == 0, result.stderr
     assert result.stdout.strip() == "2.0" and not stale.exists()
+
+
+def test_losses_and_norms_run_cpu_kernels_without_warnings():
+    """mse_loss and layer_norm on npu match CPU and raise no warning (no composite detour)."""
+    import warnings
+
+    torch.manual_seed(5)
+    x, y = torch.randn(16, 8), torch.randn(16, 8)
+    w, b = torch.randn(8), torch.randn(8)
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        for reduction in ("mean", "sum", "none"):
+            got = torch.nn.functional.mse_loss(x.to("npu"), y.to("npu"), reduction=reduction)
+            torch.testing.assert_close(got.cpu(), torch.nn.functional.mse_loss(x, y, reduction=reduction))
+        got = torch.nn.functional.layer_norm(x.to("npu"), (8,), w.to("npu"), b.to("npu"))
+        torch.testing.assert_close(got.cpu(), torch.nn.functional.layer_norm(x, (8,), w, b))
+
+
+def test_concurrent_first_imports_build_once(tmp_path):
+    """Two processes importing npusim at once into an empty build cache both succeed (file lock)."""
+    code = "import torch, npusim; print(torch.ones(3, device='npu').sum().item())"
+    env = {**os.environ, "NPUSIM_BUILD_DIR": str(tmp_path)}
+    procs = [subprocess.Popen([sys.executable, "-c", code], env=env, stdout=subprocess.PIPE,
+                              stderr=subprocess.PIPE, text=True) for _ in range(2)]
+    try:
+        outputs = [p.communicate(timeout=600) for p in procs]
+    finally:
+        for p in procs:
+            p.kill()
+    for p, (out, err) in zip(procs, outputs, strict=True):
+        assert p.returncode == 0, err
+        assert out.strip() == "3.0"
+    assert len(list(tmp_path.rglob("npusim_C.so"))) == 1

@@ -376,9 +376,11 @@ TORCH_LIBRARY_IMPL(aten, PrivateUse1, m) {
   m.impl("_copy_from_and_resize", TORCH_FN(copy_from_and_resize));
   m.impl("_local_scalar_dense", TORCH_FN(local_scalar_dense));
   m.impl("_has_compatible_shallow_copy_type", TORCH_FN(has_compatible_shallow_copy_type));
-  // Without this the PrivateUse1 slot gets the composite math version, which
-  // runs batch_norm and is slower than CPU's own kernel that the fallback runs.
+  // Without these the PrivateUse1 slot gets a composite kernel instead of
+  // CPU's own: native_layer_norm's math version runs batch_norm (slower), and
+  // mse_loss's structured composite resizes a 0-dim output (a UserWarning).
   m.impl("native_layer_norm", torch::CppFunction::makeFromBoxedFunction<&npu_fallback>());
+  m.impl("mse_loss", torch::CppFunction::makeFromBoxedFunction<&npu_fallback>());
 }
 
 TORCH_LIBRARY_IMPL(_, PrivateUse1, m) {
