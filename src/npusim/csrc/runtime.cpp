@@ -151,7 +151,13 @@ void NpuStream::run() {
       task = std::move(queue_.front());
       queue_.pop_front();
     }
-    const auto start = std::chrono::steady_clock::now();
+    // Under the timing model the task first occupies the stream for its
+    // modelled duration and then does its work, so that its results become
+    // visible when it completes, as on a device (never early).
+    if (task.duration_us > 0) {
+      std::this_thread::sleep_for(std::chrono::duration_cast<std::chrono::steady_clock::duration>(
+          std::chrono::duration<double, std::micro>(task.duration_us)));
+    }
     try {
       task.fn();
     } catch (const std::exception& e) {
@@ -159,11 +165,6 @@ void NpuStream::run() {
       if (error_.empty()) {
         error_ = e.what();
       }
-    }
-    if (task.duration_us > 0) {
-      std::this_thread::sleep_until(
-          start + std::chrono::duration_cast<std::chrono::steady_clock::duration>(
-                      std::chrono::duration<double, std::micro>(task.duration_us)));
     }
     task.fn = nullptr;  // release captures before the task counts as complete
     {

@@ -59,8 +59,8 @@ class NpuStream {
   NpuStream(const NpuStream&) = delete;
   NpuStream& operator=(const NpuStream&) = delete;
 
-  // duration_us > 0: the task occupies the stream at least that long
-  // (timing model), measured from the moment the worker starts it.
+  // duration_us > 0 (timing model): the worker holds the stream that long
+  // before running fn, so fn's effects appear when the task completes.
   void enqueue(std::function<void()> fn, double duration_us = 0.0);
   bool query() const {
     return completed_.load(std::memory_order_acquire) ==
