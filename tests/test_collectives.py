@@ -265,6 +265,29 @@ def test_stream_semantics():
         assert timings["sync_op_host_s"] < 0.2
 
 
+def _free_under_running_collective(rank: int, world: int) -> dict[str, int]:
+    n = 1 << 20  # 4 MB of float32
+    with npusim.timing.model(link_gbps=SLOW_LINK_GBPS):
+        t = torch.full((n,), rank + 1.0, device=NPU)
+        torch.npu.synchronize()
+        reserved = torch.npu.memory_reserved()
+        work = dist.all_reduce(t, async_op=True)
+        time.sleep(0.05)  # the collective is running on the comm stream
+        t.untyped_storage().resize_(0)  # swaps the bytes out from under it
+        during = torch.npu.memory_reserved()
+        work.wait()
+        torch.npu.synchronize()
+    torch.npu.empty_cache()
+    return {"reserved": reserved, "during": during, "after": torch.npu.memory_reserved()}
+
+
+def test_free_waits_for_a_running_collective():
+    """A block freed while a collective still uses it stays reserved until the collective is done."""
+    for result in run_ranks(_free_under_running_collective):
+        assert result["during"] == result["reserved"], result
+        assert result["after"] == result["reserved"] - 4 * (1 << 20), result
+
+
 # ---- failures ------------------------------------------------------------------
 
 PG_TIMEOUT_S = 5.0

@@ -20,8 +20,9 @@
 namespace npusim {
 
 class NpuStream;
+struct FenceCounter;
 
-constexpr uint32_t kCoreApiVersion = 1;
+constexpr uint32_t kCoreApiVersion = 2;
 constexpr const char* kCoreApiCapsule = "npusim.core_api";
 
 struct CoreApi {
@@ -40,6 +41,10 @@ struct CoreApi {
   at::Tensor (*cpu_alias)(const at::Tensor& t);
   // Link time of a transfer of `bytes` under the timing model (0 when off).
   double (*link_task_us)(size_t bytes);
+  // A counter of issued / finished work that device-memory frees wait for
+  // (see runtime.h), and the call that releases frees whose fences passed.
+  FenceCounter* (*new_fence_counter)();
+  void (*maybe_reclaim)();
 };
 
 }  // namespace npusim

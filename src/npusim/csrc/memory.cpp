@@ -50,7 +50,7 @@ struct Block {
 
 struct PendingFree {
   Block* block;
-  std::vector<std::pair<NpuStream*, uint64_t>> fences;
+  std::vector<Fence> fences;
 };
 
 std::mutex& g_pending_mutex = *new std::mutex();
@@ -276,8 +276,8 @@ int64_t reclaim_deferred_frees() {
   {
     std::lock_guard<std::mutex> lock(g_pending_mutex);
     auto passed = [](const PendingFree& pending) {
-      for (const auto& [stream, target] : pending.fences) {
-        if (stream->completed() < target) {
+      for (const auto& [counter, target] : pending.fences) {
+        if (counter->load(std::memory_order_acquire) < target) {
           return false;
         }
       }

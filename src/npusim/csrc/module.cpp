@@ -41,6 +41,8 @@ const npusim::CoreApi& core_api_table() {
       [](NpuStream* s) { return s->query(); },
       &npusim::cpu_alias,
       &npusim::link_task_us,
+      &npusim::new_fence_counter,
+      &npusim::maybe_reclaim_deferred_frees,
   };
   return table;
 }

@@ -206,15 +206,34 @@ void NpuStream::synchronize(double timeout_s) {
   maybe_reclaim_deferred_frees();
 }
 
-std::vector<std::pair<NpuStream*, uint64_t>> pending_stream_fences() {
-  std::vector<std::pair<NpuStream*, uint64_t>> fences;
+namespace {
+std::mutex& g_fence_counters_mutex = *new std::mutex();
+std::vector<FenceCounter*>& g_fence_counters = *new std::vector<FenceCounter*>();
+}  // namespace
+
+FenceCounter* new_fence_counter() {
+  auto* counter = new FenceCounter();  // leaked: queues may outlive their owners
+  std::lock_guard<std::mutex> lock(g_fence_counters_mutex);
+  g_fence_counters.push_back(counter);
+  return counter;
+}
+
+std::vector<Fence> pending_stream_fences() {
+  std::vector<Fence> fences;
   auto& streams = all_streams();
   for (int d = 0; d < device_count(); ++d) {
     for (auto& s : streams[d]) {
       const uint64_t enq = s->enqueued();
       if (s->completed() < enq) {
-        fences.emplace_back(s.get(), enq);
+        fences.emplace_back(s->completed_counter(), enq);
       }
+    }
+  }
+  std::lock_guard<std::mutex> lock(g_fence_counters_mutex);
+  for (const FenceCounter* counter : g_fence_counters) {
+    const uint64_t issued = counter->issued.load(std::memory_order_acquire);
+    if (counter->finished.load(std::memory_order_acquire) < issued) {
+      fences.emplace_back(&counter->finished, issued);
     }
   }
   return fences;

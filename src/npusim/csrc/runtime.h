@@ -70,6 +70,7 @@ class NpuStream {
   void synchronize(double timeout_s = -1.0);
   uint64_t enqueued() const { return enqueued_.load(std::memory_order_acquire); }
   uint64_t completed() const { return completed_.load(std::memory_order_acquire); }
+  const std::atomic<uint64_t>* completed_counter() const { return &completed_; }
   // Waits until `target` tasks have completed; false on timeout.
   bool wait_completed(uint64_t target, double timeout_s);
 
@@ -109,9 +110,20 @@ NpuStream& stream_from_pool(c10::DeviceIndex device, int priority);
 // Returns the previous current stream of that device (this thread).
 c10::Stream exchange_current_stream(const c10::Stream& stream);
 void synchronize_device(c10::DeviceIndex device);
-// (stream, enqueued count) of every stream with unfinished work: a block
-// freed now may be released once each stream has completed that many tasks.
-std::vector<std::pair<NpuStream*, uint64_t>> pending_stream_fences();
+// Work queues outside the core's streams (a collective backend's comm
+// thread) report issued and finished work here so that frees wait for them
+// too. Counters are created once per queue and never destroyed.
+struct FenceCounter {
+  std::atomic<uint64_t> issued{0};
+  std::atomic<uint64_t> finished{0};  // work finishes in issue order
+};
+FenceCounter* new_fence_counter();
+
+// A fence: (completion counter, value it must reach).
+using Fence = std::pair<const std::atomic<uint64_t>*, uint64_t>;
+// One fence per stream or fence counter with unfinished work: a block freed
+// now may be released once every fence has passed.
+std::vector<Fence> pending_stream_fences();
 // Creates the streams (once); fixes the device count.
 void start_runtime();
 // True on a stream's worker thread (which must never wait on streams).

@@ -1,5 +1,8 @@
 #include "comm_stream.h"
 
+#include "../runtime.h"
+#include "core_api_client.h"
+
 #include <c10/util/Exception.h>
 
 #include <chrono>
@@ -15,8 +18,11 @@
 // has joined it, and the core's pool streams are shared round-robin with user
 // and FSDP streams, so a blocked collective could stall unrelated work and,
 // with two groups issued in different orders on different ranks, deadlock.
-// The core's stream-ordered free does not see this thread, so each job keeps
-// its tensors alive until it has finished (NCCL stashes tensors likewise).
+// Each job keeps its tensors alive until it has finished (NCCL stashes
+// tensors likewise), and the comm stream reports issued and finished jobs to
+// the core's stream-ordered free through a FenceCounter, so that a block
+// whose storage is swapped out under a running collective (resize_(0)) is
+// not reused before the collective is done with it.
 //
 // The GIL: dropping the last reference to a tensor that Python created takes
 // the GIL, and a host thread may hold the GIL while it waits for a device
@@ -74,6 +80,8 @@ std::string message_of(const std::exception& e) {
 }  // namespace
 
 struct CommStream::State : std::enable_shared_from_this<CommStream::State> {
+  // Jobs issued / finished, for the core's stream-ordered free.
+  FenceCounter* fence = core().new_fence_counter();
   std::mutex mutex;
   bool stop = false;
   // comm stream: jobs in issue order
@@ -109,6 +117,10 @@ void CommStream::State::start(bool& running, void (State::*loop)()) {
 
 void CommStream::State::finish(CommJob&& job, const std::string& error) {
   const std::string message = error.empty() ? error : job.what + " failed: " + error;
+  // Jobs finish in issue order (collectives wait for earlier transfers, the
+  // reaper waits for transfers in order), as FenceCounter requires.
+  fence->finished.fetch_add(1, std::memory_order_acq_rel);
+  core().maybe_reclaim();
   job.complete(message);
   std::lock_guard<std::mutex> lock(mutex);
   completed.emplace_back(std::move(job), message);
@@ -277,6 +289,7 @@ void CommStream::submit(CommJob job) {
   {
     std::lock_guard<std::mutex> lock(state_->mutex);
     TORCH_CHECK(!state_->stop, "npusim: ", job.what, " issued after the backend shut down");
+    state_->fence->issued.fetch_add(1, std::memory_order_acq_rel);
     state_->queue.push_back(std::move(job));
   }
   state_->cv.notify_all();
