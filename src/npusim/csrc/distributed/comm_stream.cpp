@@ -117,16 +117,20 @@ void CommStream::State::start(bool& running, void (State::*loop)()) {
 
 void CommStream::State::finish(CommJob&& job, const std::string& error) {
   const std::string message = error.empty() ? error : job.what + " failed: " + error;
-  // Jobs finish in issue order (collectives wait for earlier transfers, the
-  // reaper waits for transfers in order), as FenceCounter requires.
-  fence->finished.fetch_add(1, std::memory_order_acq_rel);
-  core().maybe_reclaim();
   job.complete(message);
-  std::lock_guard<std::mutex> lock(mutex);
-  completed.emplace_back(std::move(job), message);
-  ++unreleased;
-  start(releaser_running, &State::release);
+  {
+    std::lock_guard<std::mutex> lock(mutex);
+    completed.emplace_back(std::move(job), message);
+    ++unreleased;
+    // Counted finished together with queueing its release, so that wait_idle
+    // never sees it finished but not yet unreleased. Jobs finish in issue
+    // order (collectives wait for earlier transfers, the reaper waits for
+    // transfers in order), as FenceCounter requires.
+    fence->finished.fetch_add(1, std::memory_order_acq_rel);
+    start(releaser_running, &State::release);
+  }
   release_cv.notify_all();
+  core().maybe_reclaim();
 }
 
 void CommStream::State::run() {
@@ -266,6 +270,29 @@ bool CommStream::drain_releases(double timeout_s) {
     drained &= state->released_cv.wait_until(lock, deadline, [&] { return state->unreleased == 0; });
   }
   return drained;
+}
+
+bool CommStream::wait_idle(double timeout_s) {
+  std::vector<std::shared_ptr<State>> states;
+  {
+    std::lock_guard<std::mutex> lock(g_states_mutex);
+    for (const auto& weak : g_states) {
+      if (auto state = weak.lock()) {
+        states.push_back(std::move(state));
+      }
+    }
+  }
+  const auto deadline = std::chrono::steady_clock::now() + std::chrono::duration_cast<
+      std::chrono::steady_clock::duration>(std::chrono::duration<double>(timeout_s));
+  bool idle = true;
+  for (auto& state : states) {
+    std::unique_lock<std::mutex> lock(state->mutex);
+    const uint64_t issued = state->fence->issued.load(std::memory_order_acquire);
+    idle &= state->released_cv.wait_until(lock, deadline, [&] {
+      return state->fence->finished.load(std::memory_order_acquire) >= issued && state->unreleased == 0;
+    });
+  }
+  return idle;
 }
 
 CommStream::CommStream() : state_(std::make_shared<State>()) {

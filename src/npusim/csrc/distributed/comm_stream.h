@@ -68,6 +68,11 @@ class CommStream {
   // released: a thread that takes the GIL while Python finalizes aborts it.
   static bool drain_releases(double timeout_s);
 
+  // Waits (at most timeout_s) until every job issued so far on every comm
+  // stream has finished and dropped its tensors; false on timeout. Called
+  // with the GIL released (the release thread may need it).
+  static bool wait_idle(double timeout_s);
+
   struct State;
 
  private:

@@ -47,6 +47,8 @@ PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
       .def_property_readonly("options", &ProcessGroupNpu::getBackendOptions);
   m.def("drain_releases", &npusim::dist::CommStream::drain_releases, py::arg("timeout_s"),
       py::call_guard<py::gil_scoped_release>());
+  m.def("wait_idle", &npusim::dist::CommStream::wait_idle, py::arg("timeout_s"),
+      py::call_guard<py::gil_scoped_release>());
   m.def("create_backend",
       [](const c10::intrusive_ptr<c10d::Backend>& gloo, int rank, int size, int64_t timeout_ms,
           const std::string& name) -> c10::intrusive_ptr<ProcessGroupNpu> {

@@ -11,13 +11,14 @@ from __future__ import annotations
 
 import math
 import threading
-import time
 from collections.abc import Sequence
 from typing import Any, NamedTuple
 
 import torch
 import torch.distributed as dist
 from torch.distributed.fsdp._fully_shard._fsdp_collectives import DefaultAllGather, DefaultReduceScatter
+
+from npusim.distributed import backend as _backend
 
 # Note [When a cached buffer is free]
 # FSDP2 holds a buffer as long as it needs it on the host: the all-gather
@@ -40,8 +41,16 @@ from torch.distributed.fsdp._fully_shard._fsdp_collectives import DefaultAllGath
 # completion before its buffers count as released.
 
 
-# How long a finished collective's tensors may stay referenced by the backend's job.
-_BACKEND_RELEASE_S = 0.002
+# The longest wait for the npu backend to finish and drop earlier collectives.
+_BACKEND_IDLE_TIMEOUT_S = 5.0
+
+
+def _wait_backend_idle() -> None:
+    """Waits until the npu backend has finished every collective issued so far and dropped
+    its tensors (a no-op when the backend is not loaded)."""
+    extension = _backend._extension
+    if extension is not None:
+        extension.wait_idle(_BACKEND_IDLE_TIMEOUT_S)
 
 
 class CacheStats(NamedTuple):
@@ -160,21 +169,22 @@ class CommBufferCache:
         allocates would depend on timing; with it, the cache grows only for
         buffers FSDP itself holds, and steady state allocates nothing.
         """
-        pending = [b for b in self._buffers.get(key, ()) if b.in_use and b.done is not None]
+        pending = [b for b in self._buffers.get(key, ()) if b.in_use]
         if not pending:
             return False
         for buf in pending:
-            buf.done.synchronize()
-            buf.done = None
+            if buf.done is not None:
+                buf.done.synchronize()
+                buf.done = None
             if buf.work is not None:
                 buf.work.wait()
-        # The backend drops its references just after completing: poll briefly.
-        deadline = time.monotonic() + _BACKEND_RELEASE_S
-        while True:
-            self._collect_released()
-            if any(not b.in_use for b in pending) or time.monotonic() > deadline:
-                return any(not b.in_use for b in pending)
-            time.sleep(1e-4)
+                buf.work = None
+        # The backend holds a job's tensors until its release thread drops them,
+        # after the collective finished on the comm stream. Once it is idle, a
+        # buffer still in use is held by FSDP itself and the cache must grow.
+        _wait_backend_idle()
+        self._collect_released()
+        return any(not b.in_use for b in pending)
 
     def _take_free(self, key: tuple[torch.device, torch.dtype, int]) -> _Buffer | None:
         free = [b for b in self._buffers.get(key, ()) if not b.in_use]
