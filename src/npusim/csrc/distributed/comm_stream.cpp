@@ -252,20 +252,30 @@ std::mutex& g_states_mutex = *new std::mutex();
 std::vector<std::weak_ptr<CommStream::State>>& g_states = *new std::vector<std::weak_ptr<CommStream::State>>();
 }  // namespace
 
-bool CommStream::drain_releases(double timeout_s) {
-  std::vector<std::shared_ptr<State>> states;
-  {
-    std::lock_guard<std::mutex> lock(g_states_mutex);
-    for (const auto& weak : g_states) {
-      if (auto state = weak.lock()) {
-        states.push_back(std::move(state));
-      }
+namespace {
+
+std::vector<std::shared_ptr<CommStream::State>> live_states() {
+  std::vector<std::shared_ptr<CommStream::State>> states;
+  std::lock_guard<std::mutex> lock(g_states_mutex);
+  for (const auto& weak : g_states) {
+    if (auto state = weak.lock()) {
+      states.push_back(std::move(state));
     }
   }
-  const auto deadline = std::chrono::steady_clock::now() + std::chrono::duration_cast<
-      std::chrono::steady_clock::duration>(std::chrono::duration<double>(timeout_s));
+  return states;
+}
+
+std::chrono::steady_clock::time_point deadline_after(double timeout_s) {
+  return std::chrono::steady_clock::now() + std::chrono::duration_cast<std::chrono::steady_clock::duration>(
+      std::chrono::duration<double>(timeout_s));
+}
+
+}  // namespace
+
+bool CommStream::drain_releases(double timeout_s) {
+  const auto deadline = deadline_after(timeout_s);
   bool drained = true;
-  for (auto& state : states) {
+  for (auto& state : live_states()) {
     std::unique_lock<std::mutex> lock(state->mutex);
     drained &= state->released_cv.wait_until(lock, deadline, [&] { return state->unreleased == 0; });
   }
@@ -273,19 +283,9 @@ bool CommStream::drain_releases(double timeout_s) {
 }
 
 bool CommStream::wait_idle(double timeout_s) {
-  std::vector<std::shared_ptr<State>> states;
-  {
-    std::lock_guard<std::mutex> lock(g_states_mutex);
-    for (const auto& weak : g_states) {
-      if (auto state = weak.lock()) {
-        states.push_back(std::move(state));
-      }
-    }
-  }
-  const auto deadline = std::chrono::steady_clock::now() + std::chrono::duration_cast<
-      std::chrono::steady_clock::duration>(std::chrono::duration<double>(timeout_s));
+  const auto deadline = deadline_after(timeout_s);
   bool idle = true;
-  for (auto& state : states) {
+  for (auto& state : live_states()) {
     std::unique_lock<std::mutex> lock(state->mutex);
     const uint64_t issued = state->fence->issued.load(std::memory_order_acquire);
     idle &= state->released_cv.wait_until(lock, deadline, [&] {
