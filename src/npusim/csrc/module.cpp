@@ -95,7 +95,6 @@ PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
 
   // memory
   m.def("memory_stats", [](int device) { return memory_stats_dict(npusim::memory_stats(device)); });
-  m.def("host_pinned_stats", [] { return memory_stats_dict(npusim::host_pinned_stats()); });
   m.def("set_memory_capacity", [](int device, int64_t bytes) {
     npusim::memory_stats(device).capacity = bytes;
   });
@@ -145,5 +144,4 @@ PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
   m.def("can_use_fast_route", &npusim::can_use_fast_route);
   m.def("check_foreach_api_restrictions", &npusim::check_foreach_api_restrictions);
   m.def("increment_version", &npusim::increment_version);
-  m.def("is_pinned_ptr", [](uintptr_t ptr) { return npusim::is_pinned_ptr(reinterpret_cast<void*>(ptr)); });
 }
