@@ -8,7 +8,7 @@ import pytest
 import torch
 
 from npusim.ops import CallRecord, set_foreach_copy_mode, trace_foreach_copy
-from npusim.runtime._core import C
+from npusim.runtime import acl
 
 
 @pytest.fixture(autouse=True)
@@ -44,7 +44,7 @@ def expected(dst: list[torch.Tensor], src: list[torch.Tensor]) -> list[torch.Ten
 
 
 def sync_all() -> None:
-    C.synchronize_all()
+    acl.synchronize_all()
 
 
 def copy(dst: list[torch.Tensor], src: list[torch.Tensor], non_blocking: bool = False) -> CallRecord:

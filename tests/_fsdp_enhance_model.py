@@ -1,4 +1,4 @@
-"""The model (npusim.bench._tiny_transformer at test size) and training helpers for
+"""The model (npusim.testing.models at test size) and training helpers for
 tests/test_fsdp_enhance.py."""
 
 from __future__ import annotations
@@ -9,7 +9,7 @@ import torch
 import torch.nn as nn
 import torch.nn.functional as F  # noqa: N812
 
-from npusim.bench._tiny_transformer import TinyTransformer as _TinyTransformer
+from npusim.testing.models import TinyTransformer as _TinyTransformer
 
 VOCAB, DIM, HEADS, SEQ = 32, 16, 2, 8
 

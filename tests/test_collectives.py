@@ -17,7 +17,7 @@ from torch.testing import assert_close
 
 import npusim
 from npusim.distributed import BACKEND_NAME
-from npusim.distributed.ranks import run_ranks
+from npusim.testing.ranks import run_ranks
 
 NPU = "npu"
 

@@ -17,7 +17,7 @@ from torch.testing import assert_close
 from torch.testing._internal.common_fsdp import MLP
 
 import npusim
-from npusim.distributed.ranks import run_ranks
+from npusim.testing.ranks import run_ranks
 
 NPU = "npu"
 STEPS = 3

@@ -16,7 +16,7 @@ import torch
 from torch.distributed.fsdp import fully_shard as upstream_fully_shard
 
 from _fsdp_enhance_model import TinyTransformer, batch, full_params, loss_fn
-from npusim.bench._fsdp_harness import (
+from npusim.testing.fsdp_harness import (
     CommCounter,
     CountingAllGather,
     CountingReduceScatter,
@@ -24,7 +24,7 @@ from npusim.bench._fsdp_harness import (
     all_sharded,
     shard,
 )
-from npusim.distributed.ranks import run_ranks
+from npusim.testing.ranks import run_ranks
 
 STEPS = 4
 WARMUP = 1  # steps before the cache holds every buffer a step needs

@@ -26,7 +26,7 @@ import torch
 
 import npusim
 from npusim.ops import foreach_copy_mode, trace_foreach_copy
-from npusim.runtime._core import C
+from npusim.runtime import acl
 
 
 class Row(NamedTuple):
@@ -64,11 +64,11 @@ def _median_us(fn: Callable[[], None], reps: int) -> float:
     fn()  # warm up (allocations, first-call paths)
     samples = []
     for _ in range(reps):
-        C.synchronize_all()
+        acl.synchronize_all()
         start = time.perf_counter()
         fn()
         samples.append(time.perf_counter() - start)
-    C.synchronize_all()
+    acl.synchronize_all()
     return statistics.median(samples) * 1e6
 
 
@@ -81,7 +81,7 @@ def _check_route(dst: list[torch.Tensor], src: list[torch.Tensor], non_blocking:
     """Refuses to report a figure under the wrong route label."""
     with trace_foreach_copy() as calls:
         torch._foreach_copy_(dst, src, non_blocking=non_blocking)
-    C.synchronize_all()
+    acl.synchronize_all()
     if calls[0].routes != (route,):
         raise RuntimeError(f"bench foreach-copy: expected route {route!r}, got {calls[0].routes}")
 

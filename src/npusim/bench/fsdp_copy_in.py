@@ -35,7 +35,7 @@ from typing import Any
 
 import torch
 
-from npusim.distributed.ranks import run_ranks
+from npusim.testing.ranks import run_ranks
 
 CONFIGS = ("aligned", "legacy", "legacy + patch")
 DTYPES = ("fp32", "bf16")  # parameter dtype for compute (and thus for the all-gather)
@@ -99,8 +99,8 @@ def _job(rank: int, world: int, args: argparse.Namespace) -> dict[str, Any]:
     import torch.nn.functional as F  # noqa: N812
 
     import npusim
-    from npusim.bench._fsdp_harness import Setup, shard
-    from npusim.bench._tiny_transformer import TinyTransformer
+    from npusim.testing.fsdp_harness import Setup, shard
+    from npusim.testing.models import TinyTransformer
 
     device = torch.device("npu", rank)
     vocab = 64

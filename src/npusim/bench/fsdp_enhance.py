@@ -23,8 +23,8 @@ from typing import NamedTuple
 
 import torch
 
-from npusim.bench._fsdp_harness import Setup
-from npusim.distributed.ranks import run_ranks
+from npusim.testing.fsdp_harness import Setup
+from npusim.testing.ranks import run_ranks
 
 CONFIGS: dict[str, Setup] = {
     "off": Setup(),
@@ -58,9 +58,9 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
 def _train(rank: int, args: argparse.Namespace, setup: Setup, reentrant: bool) -> Row:
     import torch.nn.functional as F  # noqa: N812
 
-    from npusim.bench._fsdp_harness import CommCounter, CountingAllGather, CountingReduceScatter, shard
-    from npusim.bench._tiny_transformer import TinyTransformer
     from npusim.distributed.fsdp import CommBufferCache
+    from npusim.testing.fsdp_harness import CommCounter, CountingAllGather, CountingReduceScatter, shard
+    from npusim.testing.models import TinyTransformer
 
     device = torch.device("npu", rank)
     vocab = 64

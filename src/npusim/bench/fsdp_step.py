@@ -25,7 +25,7 @@ from typing import Any
 
 import torch
 
-from npusim.distributed.ranks import run_ranks
+from npusim.testing.ranks import run_ranks
 
 DEVICES = ("npu", "cpu")
 

@@ -3,6 +3,7 @@
 // allocator registration. Each override forwards to runtime.h.
 #include "device_hooks.h"
 
+#include "memory.h"
 #include "runtime.h"
 
 #include <ATen/CPUGeneratorImpl.h>
@@ -16,8 +17,6 @@
 
 namespace npusim {
 namespace {
-
-constexpr auto kNpu = c10::DeviceType::PrivateUse1;
 
 NpuEvent* as_event(void* event) {
   return static_cast<NpuEvent*>(event);

@@ -1,6 +1,6 @@
 // Device and pinned host memory of the simulated NPU: allocation with
 // per-device accounting and capacity, and stream-ordered release.
-#include "runtime.h"
+#include "memory.h"
 
 #include <c10/core/CachingDeviceAllocator.h>
 #include <c10/util/Exception.h>
@@ -205,10 +205,6 @@ void maybe_reclaim_deferred_frees() {
 MemoryStats& memory_stats(c10::DeviceIndex device) {
   check_device_index(device, "memory_stats");
   return g_device_stats[device];
-}
-
-MemoryStats& host_pinned_stats() {
-  return g_pinned_stats;
 }
 
 c10::Allocator* device_allocator() {

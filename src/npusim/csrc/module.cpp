@@ -2,6 +2,7 @@
 // stream release the GIL: stream workers may need it to destroy tensors.
 #include "core_api.h"
 #include "device_hooks.h"
+#include "memory.h"
 #include "primitives.h"
 #include "runtime.h"
 #include "tensor_alias.h"
@@ -62,6 +63,7 @@ PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
   m.def("set_device_count", &npusim::set_device_count);
   m.def("current_device", [] { return static_cast<int>(npusim::current_device()); });
   m.def("set_device", [](int i) { npusim::set_current_device(static_cast<c10::DeviceIndex>(i)); });
+  m.def("set_launch_blocking", &npusim::set_launch_blocking);
 
   // streams
   m.def("current_stream", [](int device) { return stream_tuple(npusim::current_stream(device)); });

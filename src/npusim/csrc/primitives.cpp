@@ -1,5 +1,6 @@
 #include "primitives.h"
 
+#include "memory.h"
 #include "runtime.h"
 #include "tensor_alias.h"
 
@@ -10,8 +11,6 @@
 
 namespace npusim {
 namespace {
-
-constexpr auto kNpu = c10::DeviceType::PrivateUse1;
 
 size_t byte_size(const at::Tensor& t) {
   return static_cast<size_t>(t.numel()) * t.element_size();

@@ -1,3 +1,4 @@
+#include "memory.h"
 #include "runtime.h"
 
 #include <c10/util/Exception.h>
@@ -18,6 +19,9 @@ std::atomic<int> g_device_count{2};
 std::atomic<bool> g_devices_in_use{false};
 thread_local c10::DeviceIndex tls_current_device = 0;
 thread_local bool tls_is_stream_worker = false;
+// NPUSIM_LAUNCH_BLOCKING=1 makes every enqueue wait for its task (like
+// CUDA_LAUNCH_BLOCKING): a debugging aid for ordering bugs.
+std::atomic<bool> g_launch_blocking{false};
 
 }  // namespace
 
@@ -48,6 +52,10 @@ void set_current_device(c10::DeviceIndex index) {
   tls_current_device = index;
 }
 
+void set_launch_blocking(bool blocking) {
+  g_launch_blocking = blocking;
+}
+
 // ---- timing model ---------------------------------------------------------
 
 TimingModel& timing_model() {
@@ -71,14 +79,8 @@ double link_task_us(size_t bytes) {
 
 namespace {
 
-// NPUSIM_LAUNCH_BLOCKING=1 makes every enqueue wait for its task (like
-// CUDA_LAUNCH_BLOCKING): a debugging aid for ordering bugs.
 bool launch_blocking() {
-  static const bool blocking = [] {
-    const char* v = std::getenv("NPUSIM_LAUNCH_BLOCKING");
-    return v != nullptr && std::string(v) == "1";
-  }();
-  return blocking;
+  return g_launch_blocking.load(std::memory_order_relaxed);
 }
 
 using DeviceStreams = std::array<std::unique_ptr<NpuStream>, kStreamsPerDevice>;

@@ -7,7 +7,7 @@ default for the ``npu`` device); see :mod:`npusim.distributed.backend`.
 
 from __future__ import annotations
 
-import npusim  # noqa: F401  (registers the npu device first)
+import npusim._device  # noqa: F401  (registers the npu device first)
 from npusim.distributed.backend import BACKEND_NAME, register
 
 register()

@@ -18,7 +18,7 @@ from types import ModuleType
 import torch.distributed as dist
 
 from npusim._build import load_extension
-from npusim.runtime._core import C
+from npusim.runtime import acl
 
 BACKEND_NAME = "hccl"
 DEVICE_TYPE = "npu"
@@ -39,7 +39,7 @@ def load() -> ModuleType:
         ext = load_extension("npusim_dist_C", SOURCES)
         # Extensions are loaded RTLD_LOCAL: the backend reaches the core's
         # runtime through this table, not through linked symbols.
-        ext.set_core_api(C.core_api())
+        ext.set_core_api(acl.core_api_capsule())
         atexit.register(_drain_at_exit)
         _extension = ext
     return _extension
@@ -48,7 +48,7 @@ def load() -> ModuleType:
 def _drain_at_exit() -> None:
     """Lets comm streams drop the tensors of finished collectives before finalization."""
     try:
-        C.synchronize_all()  # device tasks waiting for collectives let them finish first
+        acl.synchronize_all()  # device tasks waiting for collectives let them finish first
     finally:
         if _extension is not None:
             _extension.drain_releases(DRAIN_AT_EXIT_S)

@@ -4,6 +4,7 @@ Importing this package (``import npusim`` does) registers ``aten::_foreach_copy_
 for the npu; see ``npusim.ops.foreach_copy`` for its routing.
 """
 
+import npusim._device  # noqa: F401, I001  (registers the npu device first)
 from npusim.ops.foreach_copy import (
     foreach_copy_mode,
     get_foreach_copy_mode,

@@ -18,18 +18,17 @@ See Note [Legacy mode] for the kernel before the change.
 
 from __future__ import annotations
 
-import os
 from collections.abc import Iterator
 from contextlib import contextmanager
 
 import torch
 
+from npusim import config
 from npusim.ops import trace as _trace
 from npusim.ops.trace import CallRecord, GroupRecord, Route
-from npusim.runtime import profiles
-from npusim.runtime._core import C
+from npusim.runtime import acl, profiles
 
-CHUNK = int(C.SINGLE_FOREACH_OP_TENSOR_COUNT)  # pairs per device task (aclnnForeachCopy limit)
+CHUNK = int(acl.SINGLE_FOREACH_OP_TENSOR_COUNT)  # pairs per device task (aclnnForeachCopy limit)
 MODES = ("aligned", "legacy")
 MODE_ENV = "NPUSIM_FOREACH_COPY_MODE"
 
@@ -41,10 +40,7 @@ MODE_ENV = "NPUSIM_FOREACH_COPY_MODE"
 
 
 def _mode_from_env() -> str:
-    mode = os.environ.get(MODE_ENV, "").strip().lower() or "aligned"
-    if mode not in MODES:
-        raise ValueError(f"{MODE_ENV}: expected one of {MODES}, got {os.environ[MODE_ENV]!r}")
-    return mode
+    return config.parse_choice(config.env(MODE_ENV), MODE_ENV, MODES)
 
 
 _mode: str = _mode_from_env()
@@ -90,8 +86,8 @@ def original_batch_eligibility() -> Iterator[None]:
 
 
 def _synchronize_current_stream(device_index: int, timeout_s: float) -> None:
-    stream_id, index, _ = C.current_stream(device_index)
-    C.synchronize_stream(stream_id, index, timeout_s)
+    stream_id, index, _ = acl.current_stream(device_index)
+    acl.synchronize_stream(stream_id, index, timeout_s)
 
 
 def _batch_device(self: list[torch.Tensor], src: list[torch.Tensor], non_blocking: bool) -> int | None:
@@ -107,7 +103,7 @@ def _batch_device(self: list[torch.Tensor], src: list[torch.Tensor], non_blockin
         npu = src_device
     else:  # device-to-device (or host-to-host within a mixed list)
         return None
-    if non_blocking and npu.index != C.current_device():
+    if non_blocking and npu.index != acl.current_device():
         return None  # the async batch is enqueued on the current device's stream
     if not _original_batch_eligibility:
         # The batch copies src's raw bytes: anything but an identical dense layout corrupts data.
@@ -127,10 +123,10 @@ def _slow(self: list[torch.Tensor], src: list[torch.Tensor], non_blocking: bool)
 def _launch_fast(self: list[torch.Tensor], src: list[torch.Tensor]) -> int:
     n = len(self)
     if n <= CHUNK:
-        C.launch_foreach_copy(self, src)
+        acl.launch_foreach_copy(self, src)
         return 1
     for start in range(0, n, CHUNK):
-        C.launch_foreach_copy(self[start:start + CHUNK], src[start:start + CHUNK])
+        acl.launch_foreach_copy(self[start:start + CHUNK], src[start:start + CHUNK])
     return (n + CHUNK - 1) // CHUNK
 
 
@@ -139,7 +135,7 @@ def _process(self: list[torch.Tensor], src: list[torch.Tensor], non_blocking: bo
     """Copies one dtype group; returns (route, chunks, non_blocking passed down).
     ``fast_route`` is ``nd_out and can_use_fast_route`` when the caller already knows it."""
     if fast_route is None:
-        fast_route = profile.nd_out and C.can_use_fast_route(self, src)
+        fast_route = profile.nd_out and acl.can_use_fast_route(self, src)
     # can_use_fast_route puts every tensor on one device; a group of a mixed-device
     # list may be host-only, which the device kernel cannot copy.
     if fast_route and src[0].device.type == "npu" and src[0].dtype in profile.fast_dtypes:
@@ -147,19 +143,19 @@ def _process(self: list[torch.Tensor], src: list[torch.Tensor], non_blocking: bo
         passed = True if _mode == "aligned" else non_blocking
         if not passed:
             _synchronize_current_stream(src[0].device.index, profile.sync_timeout_s)
-        C.increment_version(self)
+        acl.increment_version(self)
         return "fast", chunks, passed
     # A fast route (e.g. a dtype the kernel lacks) is device-to-device: never batch-eligible.
     if not fast_route and profile.batch and profile.memcpy_batch_available(non_blocking):
         device = _batch_device(self, src, non_blocking)
         if device is not None:
             if non_blocking:
-                C.memcpy_batch_async(self, src)
+                acl.memcpy_batch_async(self, src)
             else:
                 # The blocking memcpy bypasses the stream: earlier work on it must be done.
                 _synchronize_current_stream(device, profile.sync_timeout_s)
-                C.memcpy_batch(self, src)
-            C.increment_version(self)
+                acl.memcpy_batch(self, src)
+            acl.increment_version(self)
             return "batch", 1, non_blocking
     _slow(self, src, non_blocking)
     return "slow", 0, non_blocking
@@ -184,7 +180,7 @@ def foreach_copy_(self: list[torch.Tensor], src: list[torch.Tensor], non_blockin
     profile = profiles.get_profile()
     # Also first on the compat route: upstream's slow kernel, which DO_COMPATIBILITY
     # falls back to, begins with the same checks.
-    C.check_foreach_api_restrictions(self, src)
+    acl.check_foreach_api_restrictions(self, src)
     if not profile.foreach_copy_kernel:
         _slow(self, src, non_blocking)
         if _trace._active:
@@ -193,7 +189,7 @@ def foreach_copy_(self: list[torch.Tensor], src: list[torch.Tensor], non_blockin
         return
     # can_use_fast_route implies one dtype across both lists, so the common case
     # needs no per-tensor dtype scan in Python.
-    fast_route = profile.nd_out and C.can_use_fast_route(self, src)
+    fast_route = profile.nd_out and acl.can_use_fast_route(self, src)
     dtype = src[0].dtype
     if fast_route or all(s.dtype == dtype for s in src):
         route, chunks, passed = _process(self, src, non_blocking, profile, fast_route)

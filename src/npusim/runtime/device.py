@@ -6,17 +6,17 @@ from typing import Any
 
 import torch
 
-from npusim.runtime._core import C
+from npusim.runtime import acl
 
 _device_t = torch.device | str | int | None
 
 
 def device_count() -> int:
-    return C.device_count()
+    return acl.device_count()
 
 
 def is_available() -> bool:
-    return C.device_count() > 0
+    return acl.device_count() > 0
 
 
 def is_initialized() -> bool:
@@ -33,14 +33,14 @@ def _lazy_init() -> None:
 
 
 def current_device() -> int:
-    return C.current_device()
+    return acl.current_device()
 
 
 def _get_device_index(device: _device_t, optional: bool = True) -> int:
     """Resolves ``device`` to an npu index; None means the current device."""
     if device is None:
         if optional:
-            return C.current_device()
+            return acl.current_device()
         raise ValueError("Expected an npu device, got None")
     if isinstance(device, int):
         return device
@@ -50,13 +50,13 @@ def _get_device_index(device: _device_t, optional: bool = True) -> int:
         raise TypeError(f"Expected a torch.device, str or int for an npu device, got {type(device).__name__}")
     if device.type != "npu":
         raise ValueError(f"Expected an npu device, got {device}")
-    return C.current_device() if device.index is None else device.index
+    return acl.current_device() if device.index is None else device.index
 
 
 def set_device(device: _device_t) -> None:
     index = _get_device_index(device)
     if index >= 0:
-        C.set_device(index)
+        acl.set_device(index)
 
 
 class device:  # noqa: N801  (mirrors torch.cuda.device)
@@ -68,12 +68,12 @@ class device:  # noqa: N801  (mirrors torch.cuda.device)
 
     def __enter__(self) -> None:
         if self.idx >= 0:
-            self.prev_idx = C.current_device()
-            C.set_device(self.idx)
+            self.prev_idx = acl.current_device()
+            acl.set_device(self.idx)
 
     def __exit__(self, *exc: object) -> None:
         if self.idx >= 0:
-            C.set_device(self.prev_idx)
+            acl.set_device(self.prev_idx)
 
 
 class device_of(device):  # noqa: N801
@@ -100,4 +100,4 @@ def is_bf16_supported(including_emulation: bool = True) -> bool:
 
 def synchronize(device: _device_t = None) -> None:
     """Waits for all work on every stream of the device."""
-    C.synchronize_device(_get_device_index(device))
+    acl.synchronize_device(_get_device_index(device))

@@ -1,4 +1,4 @@
-"""SoC / CANN capability profiles (SPEC.md section 4.3).
+"""SoC / CANN capability profiles (docs/SPEC.md section 4.3).
 
 A profile says what the simulated SoC, runtime and operator kernel can do;
 the ``_foreach_copy_`` routing reads it on every call. Select a preset by name
@@ -11,11 +11,12 @@ and override single flags, through the API or the environment::
 from __future__ import annotations
 
 import dataclasses
-import os
 from collections.abc import Iterator
 from contextlib import contextmanager
 
 import torch
+
+from npusim import config
 
 _BASE_FAST_DTYPES = frozenset({
     torch.float32, torch.float16, torch.bfloat16, torch.int32, torch.int16, torch.int8, torch.uint8,
@@ -67,25 +68,11 @@ PRESETS: dict[str, Profile] = {
 DEFAULT = "training_soc"
 
 
-def _parse_bool(text: str, flag: str) -> bool:
-    value = text.strip().lower()
-    if value in ("1", "true", "yes", "on"):
-        return True
-    if value in ("0", "false", "no", "off"):
-        return False
-    raise ValueError(f"NPUSIM_PROFILE_OVERRIDES: flag {flag!r} expects a boolean, got {text!r}")
-
-
 def parse_overrides(text: str) -> dict[str, object]:
-    """Parses ``"nd_out=0,batch=true,sync_timeout_s=5"``."""
-    overrides: dict[str, object] = {}
-    for item in filter(None, (part.strip() for part in text.split(","))):
-        key, sep, value = item.partition("=")
-        if not sep:
-            raise ValueError(f"NPUSIM_PROFILE_OVERRIDES: expected flag=value, got {item!r}")
-        key = key.strip()
-        overrides[key] = float(value) if key == "sync_timeout_s" else _parse_bool(value, key)
-    return overrides
+    """Parses ``"nd_out=0,batch=true,sync_timeout_s=5"`` (``NPUSIM_PROFILE_OVERRIDES``)."""
+    readers = {flag: config.parse_bool for flag in FLAGS}
+    readers["sync_timeout_s"] = config.parse_float
+    return config.parse_settings(text, "NPUSIM_PROFILE_OVERRIDES", readers)
 
 
 def make_profile(name: str | Profile = DEFAULT, **overrides: object) -> Profile:
@@ -100,8 +87,7 @@ def make_profile(name: str | Profile = DEFAULT, **overrides: object) -> Profile:
 
 
 def _from_env() -> Profile:
-    return make_profile(os.environ.get("NPUSIM_PROFILE", DEFAULT),
-                        **parse_overrides(os.environ.get("NPUSIM_PROFILE_OVERRIDES", "")))
+    return make_profile(config.env("NPUSIM_PROFILE"), **parse_overrides(config.env("NPUSIM_PROFILE_OVERRIDES")))
 
 
 _current: Profile = _from_env()

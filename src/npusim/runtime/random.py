@@ -4,47 +4,47 @@ from __future__ import annotations
 
 import torch
 
-from npusim.runtime._core import C
+from npusim.runtime import acl
 from npusim.runtime.device import _device_t, _get_device_index
 
 
 def manual_seed(seed: int) -> None:
-    C.manual_seed(C.current_device(), int(seed))
+    acl.manual_seed(acl.current_device(), int(seed))
 
 
 def manual_seed_all(seed: int) -> None:
-    for index in range(C.device_count()):
-        C.manual_seed(index, int(seed))
+    for index in range(acl.device_count()):
+        acl.manual_seed(index, int(seed))
 
 
 def seed() -> None:
-    C.seed(C.current_device())
+    acl.seed(acl.current_device())
 
 
 def seed_all() -> None:
-    for index in range(C.device_count()):
-        C.seed(index)
+    for index in range(acl.device_count()):
+        acl.seed(index)
 
 
 def initial_seed() -> int:
-    return C.initial_seed(C.current_device())
+    return acl.initial_seed(acl.current_device())
 
 
 def get_rng_state(device: _device_t = "npu") -> torch.Tensor:
-    return C.get_rng_state(_get_device_index(device))
+    return acl.get_rng_state(_get_device_index(device))
 
 
 def set_rng_state(new_state: torch.Tensor, device: _device_t = "npu") -> None:
-    C.set_rng_state(_get_device_index(device), new_state)
+    acl.set_rng_state(_get_device_index(device), new_state)
 
 
 def get_rng_state_all() -> list[torch.Tensor]:
-    return [C.get_rng_state(i) for i in range(C.device_count())]
+    return [acl.get_rng_state(i) for i in range(acl.device_count())]
 
 
 def set_rng_state_all(new_states: list[torch.Tensor]) -> None:
     for index, state in enumerate(new_states):
-        C.set_rng_state(index, state)
+        acl.set_rng_state(index, state)
 
 
 def _is_in_bad_fork() -> bool:

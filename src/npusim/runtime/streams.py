@@ -10,7 +10,7 @@ from typing import Any
 
 import torch
 
-from npusim.runtime._core import C
+from npusim.runtime import acl
 from npusim.runtime.device import _device_t, _get_device_index
 
 _NPU_TYPE = None  # filled lazily: the integer DeviceType of PrivateUse1
@@ -30,15 +30,15 @@ class Stream(torch.Stream):
 
     @property
     def priority(self) -> int:
-        return C.stream_priority(self.stream_id, self.device_index)
+        return acl.stream_priority(self.stream_id, self.device_index)
 
     def pending(self) -> int:
         """Number of tasks enqueued on the stream and not yet finished."""
-        return C.stream_pending(self.stream_id, self.device_index)
+        return acl.stream_pending(self.stream_id, self.device_index)
 
     def synchronize(self, timeout_s: float | None = None) -> None:
         """Waits for the stream; with ``timeout_s`` raises if it is not idle in time."""
-        C.synchronize_stream(self.stream_id, self.device_index, -1.0 if timeout_s is None else timeout_s)
+        acl.synchronize_stream(self.stream_id, self.device_index, -1.0 if timeout_s is None else timeout_s)
 
     def __repr__(self) -> str:
         return f"<torch.npu.Stream device=npu:{self.device_index} stream_id={self.stream_id}>"
@@ -61,17 +61,17 @@ def Event(enable_timing: bool = False, blocking: bool = False, interprocess: boo
 
 
 def current_stream(device: _device_t = None) -> Stream:
-    return _wrap(C.current_stream(_get_device_index(device)))
+    return _wrap(acl.current_stream(_get_device_index(device)))
 
 
 def default_stream(device: _device_t = None) -> Stream:
-    return _wrap(C.default_stream(_get_device_index(device)))
+    return _wrap(acl.default_stream(_get_device_index(device)))
 
 
 def set_stream(stream: torch.Stream) -> None:
     """Makes ``stream`` current (its device becomes the current device)."""
     if stream is not None:
-        C.set_stream(stream.stream_id, stream.device_index)
+        acl.set_stream(stream.stream_id, stream.device_index)
 
 
 class StreamContext:
@@ -85,7 +85,7 @@ class StreamContext:
     def __enter__(self) -> torch.Stream | None:
         if self.stream is None:
             return None
-        self._prev_device = C.current_device()
+        self._prev_device = acl.current_device()
         target = self.stream.device_index
         self._prev_streams = [current_stream(self._prev_device)]
         if target != self._prev_device:
@@ -98,7 +98,7 @@ class StreamContext:
             return
         for previous in reversed(self._prev_streams):
             set_stream(previous)
-        C.set_device(self._prev_device)
+        acl.set_device(self._prev_device)
 
 
 def stream(stream: torch.Stream | None) -> StreamContext:
@@ -107,4 +107,4 @@ def stream(stream: torch.Stream | None) -> StreamContext:
 
 def synchronize_stream(stream: torch.Stream, timeout_s: float | None = None) -> None:
     """Waits for ``stream``; raises an error naming it when ``timeout_s`` passes first."""
-    C.synchronize_stream(stream.stream_id, stream.device_index, -1.0 if timeout_s is None else timeout_s)
+    acl.synchronize_stream(stream.stream_id, stream.device_index, -1.0 if timeout_s is None else timeout_s)

@@ -7,12 +7,12 @@ speed. Set it by API or with ``NPUSIM_TIMING="copy_gbps=2,launch_us=20,link_gbps
 
 from __future__ import annotations
 
-import os
 from collections.abc import Iterator
 from contextlib import contextmanager
 from typing import NamedTuple
 
-from npusim.runtime._core import C
+from npusim import config
+from npusim.runtime import acl
 
 _BYTES_PER_US_PER_GBPS = 1e9 / 1e6
 
@@ -28,7 +28,7 @@ class TimingModel(NamedTuple):
 
 
 def get() -> TimingModel:
-    copy_bpus, launch_us, link_bpus = C.timing_model()
+    copy_bpus, launch_us, link_bpus = acl.timing_model()
     return TimingModel(copy_bpus / _BYTES_PER_US_PER_GBPS, launch_us, link_bpus / _BYTES_PER_US_PER_GBPS)
 
 
@@ -37,7 +37,7 @@ def set(copy_gbps: float = 0.0, launch_us: float = 0.0, link_gbps: float = 0.0) 
     for name, value in (("copy_gbps", copy_gbps), ("launch_us", launch_us), ("link_gbps", link_gbps)):
         if value < 0:
             raise ValueError(f"npusim timing model: {name} must be >= 0, got {value}")
-    C.set_timing_model(copy_gbps * _BYTES_PER_US_PER_GBPS, launch_us, link_gbps * _BYTES_PER_US_PER_GBPS)
+    acl.set_timing_model(copy_gbps * _BYTES_PER_US_PER_GBPS, launch_us, link_gbps * _BYTES_PER_US_PER_GBPS)
     return get()
 
 
@@ -48,22 +48,17 @@ def model(copy_gbps: float = 0.0, launch_us: float = 0.0, link_gbps: float = 0.0
     try:
         yield set(copy_gbps, launch_us, link_gbps)
     finally:
-        C.synchronize_all()
+        acl.synchronize_all()
         set(*previous)
 
 
 def parse(text: str) -> TimingModel:
-    keys = {"copy_gbps", "launch_us", "link_gbps"}
-    values: dict[str, float] = {}
-    for item in filter(None, (p.strip() for p in text.split(","))):
-        key, sep, value = item.partition("=")
-        if not sep or key.strip() not in keys:
-            raise ValueError(f"NPUSIM_TIMING: expected comma-separated {sorted(keys)}=number, got {item!r}")
-        values[key.strip()] = float(value)
-    return TimingModel(**values)
+    """Parses ``"copy_gbps=2,launch_us=20,link_gbps=1"`` (``NPUSIM_TIMING``)."""
+    readers = {key: lambda value, name: config.parse_float(value, name, low=0.0) for key in TimingModel._fields}
+    return TimingModel(**config.parse_settings(text, "NPUSIM_TIMING", readers))
 
 
 def apply_env() -> None:
-    text = os.environ.get("NPUSIM_TIMING", "")
+    text = config.env("NPUSIM_TIMING")
     if text:
         set(*parse(text))

@@ -1,6 +1,7 @@
 #include "backend.h"
 
 #include "core_api_client.h"
+#include "../npu_type.h"
 #include "work.h"
 
 #include <ATen/ATen.h>
@@ -13,8 +14,6 @@ namespace {
 
 using TensorList = std::vector<at::Tensor>;
 using TensorLists = std::vector<std::vector<at::Tensor>>;
-constexpr auto kNpu = c10::DeviceType::PrivateUse1;
-
 size_t nbytes(const TensorList& tensors) {
   size_t n = 0;
   for (const auto& t : tensors) {

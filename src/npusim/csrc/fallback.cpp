@@ -1,0 +1,216 @@
+// The stream-ordered CPU fallback: every op without an npu kernel runs with
+// PyTorch's CPU kernel on CPU views of the device memory, in place, after the
+// current stream's earlier work.
+#include "device_hooks.h"
+#include "memory.h"
+#include "runtime.h"
+#include "tensor_alias.h"
+
+#include <ATen/ATen.h>
+#include <torch/library.h>
+
+#include <unordered_map>
+
+namespace npusim {
+namespace {
+
+// ---- the fallback ---------------------------------------------------------
+
+// Runs an op that has no npu kernel with PyTorch's CPU kernel on CPU views of
+// the device memory: after the current stream's earlier work, synchronously.
+class FallbackCall {
+ public:
+  explicit FallbackCall(const c10::OperatorHandle& op) : op_(op) {}
+
+  c10::IValue to_cpu(const c10::IValue& v) {
+    if (v.isTensor()) {
+      return alias(v.toTensor());
+    }
+    if (v.isTensorList()) {
+      c10::List<at::Tensor> out;
+      for (const at::Tensor& t : v.toTensorList()) {
+        out.push_back(alias(t));
+      }
+      return out;
+    }
+    if (v.isOptionalTensorList()) {
+      c10::List<std::optional<at::Tensor>> out;
+      for (const std::optional<at::Tensor>& t : v.toOptionalTensorList()) {
+        out.push_back(t.has_value() ? std::optional<at::Tensor>(alias(*t)) : std::nullopt);
+      }
+      return out;
+    }
+    if (v.isDevice() && v.toDevice().type() == kNpu) {
+      note_device(v.toDevice().index() < 0 ? current_device() : v.toDevice().index());
+      return c10::IValue(c10::Device(c10::DeviceType::CPU));
+    }
+    return v;
+  }
+
+  c10::DeviceIndex device() const {
+    return device_ < 0 ? current_device() : device_;
+  }
+
+  c10::IValue from_cpu(const c10::IValue& v) {
+    if (v.isTensor()) {
+      return back(v.toTensor());
+    }
+    if (v.isTensorList()) {
+      c10::List<at::Tensor> out;
+      for (const at::Tensor& t : v.toTensorList()) {
+        out.push_back(back(t));
+      }
+      return out;
+    }
+    return v;
+  }
+
+  // out= kernels may have resized an output: move the new bytes and shape
+  // back to the device tensors.
+  void propagate_resizes() {
+    for (auto& [device_impl, entry] : storages_) {
+      c10::StorageImpl* cpu = entry.cpu.unsafeGetStorageImpl();
+      if (cpu->data() == entry.original_data && cpu->nbytes() == device_impl->nbytes()) {
+        continue;
+      }
+      const size_t nbytes = cpu->nbytes();
+      c10::DataPtr moved = cpu->set_data_ptr(c10::DataPtr(nullptr, c10::Device(c10::DeviceType::CPU)));
+      device_impl->set_data_ptr_noswap(adopt_as_device(std::move(moved), nbytes, device()));
+      device_impl->set_nbytes(nbytes);
+    }
+    for (auto& [device_tensor, cpu_tensor] : tensors_) {
+      if (!device_tensor.sizes().equals(cpu_tensor.sizes()) ||
+          !device_tensor.strides().equals(cpu_tensor.strides()) ||
+          device_tensor.storage_offset() != cpu_tensor.storage_offset()) {
+        device_tensor.unsafeGetTensorImpl()->set_sizes_and_strides(
+            cpu_tensor.sizes(), cpu_tensor.strides(), cpu_tensor.storage_offset());
+      }
+    }
+  }
+
+ private:
+  struct StorageEntry {
+    c10::Storage cpu;
+    const void* original_data;
+    c10::Storage device;
+  };
+
+  void note_device(c10::DeviceIndex index) {
+    if (device_ < 0) {
+      device_ = index;
+      return;
+    }
+    TORCH_CHECK(device_ == index,
+        "Expected all tensors to be on the same device, but found at least two devices, npu:",
+        static_cast<int>(device_), " and npu:", static_cast<int>(index), "! (when running ",
+        op_.schema().operator_name(), ")");
+  }
+
+  at::Tensor alias(const at::Tensor& t) {
+    if (!t.defined() || t.device().type() != kNpu) {
+      return t;
+    }
+    note_device(t.device().index());
+    c10::StorageImpl* key = t.storage().unsafeGetStorageImpl();
+    auto it = storages_.find(key);
+    if (it == storages_.end()) {
+      c10::Storage cpu = cpu_storage_over(t.storage());
+      it = storages_.emplace(key, StorageEntry{cpu, cpu.data(), t.storage()}).first;
+    }
+    at::Tensor cpu_tensor = cpu_alias_over(t, it->second.cpu);
+    tensors_.emplace_back(t, cpu_tensor);
+    return cpu_tensor;
+  }
+
+  at::Tensor back(const at::Tensor& t) {
+    if (!t.defined() || !t.is_cpu()) {
+      return t;
+    }
+    for (auto& [device_tensor, cpu_tensor] : tensors_) {
+      if (cpu_tensor.unsafeGetTensorImpl() == t.unsafeGetTensorImpl()) {
+        return device_tensor;  // in-place and out= ops return their argument
+      }
+    }
+    c10::StorageImpl* cpu_storage = t.storage().unsafeGetStorageImpl();
+    c10::Storage device_storage;
+    for (auto& [device_impl, entry] : storages_) {
+      if (entry.cpu.unsafeGetStorageImpl() == cpu_storage) {
+        device_storage = entry.device;  // a view of an input
+      }
+    }
+    if (!device_storage) {
+      auto fresh = fresh_.find(cpu_storage);
+      if (fresh == fresh_.end()) {
+        const size_t nbytes = cpu_storage->nbytes();
+        c10::DataPtr moved =
+            cpu_storage->set_data_ptr(c10::DataPtr(nullptr, c10::Device(c10::DeviceType::CPU)));
+        c10::Storage adopted(c10::Storage::use_byte_size_t(), nbytes,
+            adopt_as_device(std::move(moved), nbytes, device()), device_allocator(),
+            /*resizable=*/true);
+        fresh = fresh_.emplace(cpu_storage, adopted).first;
+      }
+      device_storage = fresh->second;
+    }
+    auto out = at::detail::make_tensor<c10::TensorImpl>(
+        std::move(device_storage), c10::DispatchKeySet(c10::DispatchKey::PrivateUse1), t.dtype());
+    out.unsafeGetTensorImpl()->set_sizes_and_strides(t.sizes(), t.strides(), t.storage_offset());
+    if (t.is_conj()) {
+      out._set_conj(true);
+    }
+    if (t.is_neg()) {
+      out._set_neg(true);
+    }
+    return out;
+  }
+
+  const c10::OperatorHandle& op_;
+  c10::DeviceIndex device_ = -1;
+  std::unordered_map<c10::StorageImpl*, StorageEntry> storages_;
+  std::unordered_map<c10::StorageImpl*, c10::Storage> fresh_;
+  std::vector<std::pair<at::Tensor, at::Tensor>> tensors_;
+};
+
+bool is_optional_generator(const c10::Argument& arg) {
+  auto opt = arg.type()->cast<c10::OptionalType>();
+  return opt && opt->getElementType()->kind() == c10::TypeKind::GeneratorType;
+}
+
+void npu_fallback(const c10::OperatorHandle& op, torch::jit::Stack* stack) {
+  const auto& schema = op.schema();
+  const size_t num_args = schema.arguments().size();
+  const size_t first = stack->size() - num_args;
+  FallbackCall call(op);
+  for (size_t i = 0; i < num_args; ++i) {
+    (*stack)[first + i] = call.to_cpu((*stack)[first + i]);
+  }
+  const c10::DeviceIndex device = call.device();
+  for (size_t i = 0; i < num_args; ++i) {
+    if ((*stack)[first + i].isNone() && is_optional_generator(schema.arguments()[i])) {
+      (*stack)[first + i] = c10::IValue(device_generator(device));
+    }
+  }
+  wait_current_stream_idle(device);
+  const c10::DeviceGuard guard(c10::Device(kNpu, device));
+  op.redispatchBoxed(c10::DispatchKeySet(c10::DispatchKey::CPU), stack);
+  call.propagate_resizes();
+  const size_t num_returns = schema.returns().size();
+  for (size_t i = stack->size() - num_returns; i < stack->size(); ++i) {
+    (*stack)[i] = call.from_cpu((*stack)[i]);
+  }
+}
+
+}  // namespace
+
+TORCH_LIBRARY_IMPL(aten, PrivateUse1, m) {
+  // Without these the PrivateUse1 slot gets a composite kernel instead of
+  // CPU's own: native_layer_norm's math version runs batch_norm (slower), and
+  // mse_loss's structured composite resizes a 0-dim output (a UserWarning).
+  m.impl("native_layer_norm", torch::CppFunction::makeFromBoxedFunction<&npu_fallback>());
+  m.impl("mse_loss", torch::CppFunction::makeFromBoxedFunction<&npu_fallback>());
+}
+
+TORCH_LIBRARY_IMPL(_, PrivateUse1, m) {
+  m.fallback(torch::CppFunction::makeFromBoxedFunction<&npu_fallback>());
+}
+
+}  // namespace npusim
