@@ -17,7 +17,7 @@ FAST_DTYPES = [torch.float16, torch.float32, torch.bfloat16, torch.int32, torch.
 
 
 def test_review_case():
-    """The design review's own test (SPEC section 1), verbatim."""
+    """The design review's own test (docs/SPEC.md section 1), verbatim."""
     src = [torch.arange(1024, device="npu", dtype=torch.int32) for _ in range(8)]
     dst = [torch.empty(1024, device="npu", dtype=torch.float32) for _ in src]
     torch._foreach_copy_(dst, src)

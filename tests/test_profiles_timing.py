@@ -14,7 +14,7 @@ from npusim.runtime.profiles import PRESETS, parse_overrides
 
 
 def test_presets_and_overrides():
-    """Named presets carry the flags of SPEC 4.3; overrides change single flags."""
+    """Named presets carry the flags of docs/SPEC.md 4.3; overrides change single flags."""
     assert set(PRESETS) >= {"training_soc", "inference_soc", "old_cann", "no_memcpy_batch", "no_foreach_kernel"}
     assert not PRESETS["inference_soc"].nd_out and not PRESETS["inference_soc"].batch
     assert torch.int64 not in PRESETS["old_cann"].fast_dtypes and torch.int32 in PRESETS["old_cann"].fast_dtypes

@@ -18,7 +18,7 @@ from types import ModuleType
 import torch
 
 CSRC = Path(__file__).parent / "csrc"
-CORE_SOURCES = ("runtime.cpp", "memory.cpp", "device_hooks.cpp", "tensor_alias.cpp", "aten_ops.cpp", "fallback.cpp",
+CORE_SOURCES = ("runtime.cpp", "memory.cpp", "device_hooks.cpp", "host_transfer.cpp", "aten_ops.cpp", "fallback.cpp",
                 "primitives.cpp", "autocast.cpp", "module.cpp")
 
 

@@ -1,6 +1,6 @@
 """``python -m npusim bench foreach-copy``: host cost of ``torch._foreach_copy_`` on the npu.
 
-Two figures, each a ratio of things measured side by side in one run (SPEC.md section 6):
+Two figures, each a ratio of things measured side by side in one run (docs/SPEC.md section 6):
 
 1. host time per call, per route and list size, against CPU-native
    ``torch._foreach_copy_`` on lists of the same sizes;

@@ -6,7 +6,7 @@ tests/test_fsdp2.py's transformer test: PyTorch's test ``Transformer``, tied
 embedding and output weights, every block activation-checkpointed, no
 dropout): one sharded with PyTorch's ``fully_shard`` over an npu mesh (the
 hccl backend), one over a CPU mesh (gloo). Steps of the two alternate, and
-which goes first alternates too, so both see the same machine load (SPEC.md
+which goes first alternates too, so both see the same machine load (docs/SPEC.md
 section 6: a ratio of things measured side by side in one run). A step is
 forward + backward + optimizer step, timed until its device work is done;
 the median over the steps after warm-up is reported, with the ratio npu/cpu.

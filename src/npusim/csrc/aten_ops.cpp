@@ -4,7 +4,7 @@
 #include "device_hooks.h"
 #include "memory.h"
 #include "runtime.h"
-#include "tensor_alias.h"
+#include "host_transfer.h"
 
 #include <ATen/ATen.h>
 #include <ATen/EmptyTensor.h>
@@ -86,14 +86,10 @@ at::Scalar local_scalar_dense(const at::Tensor& self) {
 
 // ---- copies ---------------------------------------------------------------
 
-size_t nbytes_contiguous(const at::Tensor& t) {
-  return static_cast<size_t>(t.numel()) * t.element_size();
-}
-
 // Copies between npu and host or between npu devices, with the semantics of
-// SPEC.md section 3 (CUDA's Copy.cu): device copies are enqueued on the
-// current stream; host<->device honours non_blocking; pageable host sources
-// are staged at call time.
+// docs/SPEC.md section 3 (CUDA's Copy.cu): device copies are enqueued on the
+// current stream; host<->device honours non_blocking (host_transfer.h says
+// when the host waits and how pageable sources are kept).
 at::Tensor copy_from(const at::Tensor& src, const at::Tensor& dst, bool non_blocking) {
   TORCH_CHECK(dst.dim() >= src.dim() && at::is_expandable_to(src.sizes(), dst.sizes()),
       "copy_: source of shape ", src.sizes(), " on ", src.device(),
@@ -105,11 +101,11 @@ at::Tensor copy_from(const at::Tensor& src, const at::Tensor& dst, bool non_bloc
   const bool dst_npu = dst.device().type() == kNpu;
   TORCH_CHECK((src_npu || src.is_cpu()) && (dst_npu || dst.is_cpu()),
       "copy_: npusim copies between npu and cpu only, got ", src.device(), " -> ", dst.device());
-  const size_t nbytes = nbytes_contiguous(dst);
+  const size_t nbytes = byte_size(dst);
   at::Tensor dst_alias = cpu_alias(dst);
-  at::Tensor src_alias = cpu_alias(src);
 
   if (src_npu && dst_npu) {
+    at::Tensor src_alias = cpu_alias(src);
     NpuStream& src_stream = current_stream(src.device().index());
     if (src.device() == dst.device()) {
       // The checks copy_ makes through TensorIterator on CPU and CUDA, which
@@ -136,30 +132,11 @@ at::Tensor copy_from(const at::Tensor& src, const at::Tensor& dst, bool non_bloc
     return dst;
   }
 
-  if (dst_npu) {  // host -> device
-    NpuStream& stream = current_stream(dst.device().index());
-    if (non_blocking && !is_pinned_ptr(src.storage().data())) {
-      // Stage a pageable source now: the caller may overwrite it right after.
-      c10::Storage pinned(c10::Storage::use_byte_size_t(), nbytes_contiguous(src),
-          pinned_allocator(), /*resizable=*/false);
-      at::Tensor staging = at::empty({0}, src_alias.options())
-                               .set_(pinned, 0, src.sizes(), c10::contiguous_strides(src.sizes()));
-      host_copy(staging, src_alias);
-      src_alias = staging;
-    }
-    stream.enqueue([dst_alias, src_alias] { host_copy(dst_alias, src_alias); }, copy_task_us(nbytes));
-    if (!non_blocking) {
-      stream.synchronize();
-    }
-    return dst;
-  }
-
-  // device -> host
-  NpuStream& stream = current_stream(src.device().index());
+  // host <-> device, on the current stream of the npu side
+  NpuStream& stream = current_stream((dst_npu ? dst : src).device().index());
+  at::Tensor src_alias = dst_npu && non_blocking ? stage_pageable_sources({src})[0] : cpu_alias(src);
   stream.enqueue([dst_alias, src_alias] { host_copy(dst_alias, src_alias); }, copy_task_us(nbytes));
-  // A pageable destination is written synchronously, as the driver does: its
-  // memory is not ours to keep alive until the copy runs.
-  if (!non_blocking || !is_pinned_ptr(dst.storage().data())) {
+  if (host_must_wait(dst, non_blocking)) {
     stream.synchronize();
   }
   return dst;

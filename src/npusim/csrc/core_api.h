@@ -37,7 +37,7 @@ struct CoreApi {
   void (*enqueue)(NpuStream* stream, std::function<void()> fn, double duration_us);
   // True when every task enqueued on the stream so far has completed.
   bool (*stream_query)(NpuStream* stream);
-  // See tensor_alias.h.
+  // See host_transfer.h.
   at::Tensor (*cpu_alias)(const at::Tensor& t);
   // Link time of a transfer of `bytes` under the timing model (0 when off).
   double (*link_task_us)(size_t bytes);

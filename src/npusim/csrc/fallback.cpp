@@ -4,7 +4,7 @@
 #include "device_hooks.h"
 #include "memory.h"
 #include "runtime.h"
-#include "tensor_alias.h"
+#include "host_transfer.h"
 
 #include <ATen/ATen.h>
 #include <torch/library.h>
@@ -151,16 +151,7 @@ class FallbackCall {
       }
       device_storage = fresh->second;
     }
-    auto out = at::detail::make_tensor<c10::TensorImpl>(
-        std::move(device_storage), c10::DispatchKeySet(c10::DispatchKey::PrivateUse1), t.dtype());
-    out.unsafeGetTensorImpl()->set_sizes_and_strides(t.sizes(), t.strides(), t.storage_offset());
-    if (t.is_conj()) {
-      out._set_conj(true);
-    }
-    if (t.is_neg()) {
-      out._set_neg(true);
-    }
-    return out;
+    return tensor_over(std::move(device_storage), c10::DispatchKeySet(c10::DispatchKey::PrivateUse1), t);
   }
 
   const c10::OperatorHandle& op_;

@@ -5,7 +5,7 @@
 #include "memory.h"
 #include "primitives.h"
 #include "runtime.h"
-#include "tensor_alias.h"
+#include "host_transfer.h"
 
 #include <ATen/CPUGeneratorImpl.h>
 #include <torch/csrc/utils/pybind.h>
@@ -140,10 +140,12 @@ PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
 
   // ACL-like primitives for the operator layer
   m.attr("SINGLE_FOREACH_OP_TENSOR_COUNT") = npusim::kSingleForeachOpTensorCount;
-  m.def("launch_foreach_copy", &npusim::launch_foreach_copy);
-  m.def("memcpy_batch", &npusim::memcpy_batch, release());
+  m.def("launch_foreach_copy", &npusim::launch_foreach_copy, py::arg("dsts"), py::arg("srcs"),
+      py::arg("wait") = false, py::arg("timeout_s") = -1.0, release());
+  m.def("memcpy_batch", &npusim::memcpy_batch, py::arg("dsts"), py::arg("srcs"), py::arg("timeout_s") = -1.0,
+      release());
+  m.def("same_byte_layouts", &npusim::same_byte_layouts);
   m.def("memcpy_batch_async", &npusim::memcpy_batch_async, release());
   m.def("can_use_fast_route", &npusim::can_use_fast_route);
   m.def("check_foreach_api_restrictions", &npusim::check_foreach_api_restrictions);
-  m.def("increment_version", &npusim::increment_version);
 }

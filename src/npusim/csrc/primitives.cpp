@@ -1,25 +1,17 @@
 #include "primitives.h"
 
+#include "host_transfer.h"
 #include "memory.h"
 #include "runtime.h"
-#include "tensor_alias.h"
 
 #include <ATen/ATen.h>
 #include <ATen/native/ForeachUtils.h>
 
+#include <algorithm>
 #include <cstring>
 
 namespace npusim {
 namespace {
-
-size_t byte_size(const at::Tensor& t) {
-  return static_cast<size_t>(t.numel()) * t.element_size();
-}
-
-// Bytes reachable from data_ptr() to the end of the storage.
-size_t bytes_to_storage_end(const at::Tensor& t) {
-  return t.storage().nbytes() - static_cast<size_t>(t.storage_offset()) * t.element_size();
-}
 
 void check_pairs(const char* op, const std::vector<at::Tensor>& dsts,
     const std::vector<at::Tensor>& srcs) {
@@ -28,7 +20,8 @@ void check_pairs(const char* op, const std::vector<at::Tensor>& dsts,
 }
 
 // Pair checks shared by the batched memcpy primitives: host<->device only,
-// and every byte read or written lies inside its storage.
+// one npu, and every byte read or written lies inside its storage. Returns
+// the npu index.
 c10::DeviceIndex check_batch(const char* op, const std::vector<at::Tensor>& dsts,
     const std::vector<at::Tensor>& srcs) {
   check_pairs(op, dsts, srcs);
@@ -60,16 +53,10 @@ void raw_copy(const at::Tensor& dst, const at::Tensor& src) {
   }
 }
 
-}  // namespace
-
-void launch_foreach_copy(const std::vector<at::Tensor>& dsts, const std::vector<at::Tensor>& srcs) {
-  check_pairs("launch_foreach_copy", dsts, srcs);
-  TORCH_CHECK(dsts.size() <= kSingleForeachOpTensorCount,
-      "launch_foreach_copy: one task copies at most ", kSingleForeachOpTensorCount,
-      " pairs, got ", dsts.size(), "; split the lists first");
-  const c10::Device device = dsts[0].device();
-  TORCH_CHECK(device.type() == kNpu, "launch_foreach_copy: expected npu tensors, got ", device);
-  // Pairs with one dense layout (what the fast route guarantees) are copied as
+// One aclnnForeachCopy task: pairs [begin, end) of the lists.
+void launch_chunk(NpuStream& stream, const c10::Device device, const std::vector<at::Tensor>& dsts,
+    const std::vector<at::Tensor>& srcs, size_t begin, size_t end) {
+  // Pairs with one byte layout (what the fast route guarantees) are copied as
   // raw byte spans; building CPU views for them would dominate the host cost.
   struct Span {
     void* dst;
@@ -78,9 +65,9 @@ void launch_foreach_copy(const std::vector<at::Tensor>& dsts, const std::vector<
   };
   std::vector<Span> spans;
   std::vector<std::pair<at::Tensor, at::Tensor>> general;
-  spans.reserve(dsts.size());
+  spans.reserve(end - begin);
   size_t nbytes = 0;
-  for (size_t i = 0; i < dsts.size(); ++i) {
+  for (size_t i = begin; i < end; ++i) {
     const at::Tensor& d = dsts[i];
     const at::Tensor& s = srcs[i];
     TORCH_CHECK(d.device() == device && s.device() == device, "launch_foreach_copy: pair ", i, " is ",
@@ -89,8 +76,7 @@ void launch_foreach_copy(const std::vector<at::Tensor>& dsts, const std::vector<
         s.sizes(), " and destination shape ", d.sizes());
     const size_t n = byte_size(d);
     nbytes += n;
-    if (d.dtype() == s.dtype() && d.strides().equals(s.strides()) && !d.is_conj() && !s.is_conj() &&
-        !d.is_neg() && !s.is_neg() && d.is_non_overlapping_and_dense()) {
+    if (same_byte_layout(d, s)) {
       if (n > 0 && d.data_ptr() != s.data_ptr()) {
         spans.push_back(Span{d.data_ptr(), s.data_ptr(), n});
       }
@@ -98,7 +84,7 @@ void launch_foreach_copy(const std::vector<at::Tensor>& dsts, const std::vector<
       general.emplace_back(cpu_alias(d), cpu_alias(s));
     }
   }
-  current_stream(device.index()).enqueue(
+  stream.enqueue(
       [spans = std::move(spans), general = std::move(general)] {
         for (const Span& span : spans) {
           std::memmove(span.dst, span.src, span.nbytes);
@@ -110,30 +96,47 @@ void launch_foreach_copy(const std::vector<at::Tensor>& dsts, const std::vector<
       copy_task_us(nbytes));
 }
 
-void memcpy_batch(const std::vector<at::Tensor>& dsts, const std::vector<at::Tensor>& srcs) {
-  check_batch("memcpy_batch", dsts, srcs);
+}  // namespace
+
+int64_t launch_foreach_copy(const std::vector<at::Tensor>& dsts, const std::vector<at::Tensor>& srcs,
+    bool wait, double timeout_s) {
+  check_pairs("launch_foreach_copy", dsts, srcs);
+  const c10::Device device = dsts[0].device();
+  TORCH_CHECK(device.type() == kNpu, "launch_foreach_copy: expected npu tensors, got ", device);
+  NpuStream& stream = current_stream(device.index());
+  int64_t chunks = 0;
+  for (size_t begin = 0; begin < dsts.size(); begin += kSingleForeachOpTensorCount) {
+    launch_chunk(stream, device, dsts, srcs, begin, std::min(dsts.size(), begin + kSingleForeachOpTensorCount));
+    ++chunks;
+  }
+  increment_version(dsts);
+  if (wait) {
+    stream.synchronize(timeout_s);
+  }
+  return chunks;
+}
+
+void memcpy_batch(const std::vector<at::Tensor>& dsts, const std::vector<at::Tensor>& srcs, double timeout_s) {
+  const c10::DeviceIndex device = check_batch("memcpy_batch", dsts, srcs);
+  // The blocking memcpy bypasses the stream: earlier work on it must be done.
+  current_stream(device).synchronize(timeout_s);
   for (size_t i = 0; i < dsts.size(); ++i) {
     raw_copy(dsts[i], srcs[i]);
   }
+  increment_version(dsts);
 }
 
 void memcpy_batch_async(const std::vector<at::Tensor>& dsts, const std::vector<at::Tensor>& srcs) {
   const c10::DeviceIndex device = check_batch("memcpy_batch_async", dsts, srcs);
+  std::vector<at::Tensor> staged = stage_pageable_sources(srcs);
   std::vector<std::pair<at::Tensor, at::Tensor>> pairs;
+  pairs.reserve(dsts.size());
   size_t nbytes = 0;
   bool wait = false;
   for (size_t i = 0; i < dsts.size(); ++i) {
-    at::Tensor src = cpu_alias(srcs[i]);
-    if (srcs[i].is_cpu() && !is_pinned_ptr(srcs[i].storage().data())) {
-      // Stage the pageable source's bytes now (the caller may reuse it).
-      c10::Storage staged(c10::Storage::use_byte_size_t(), byte_size(srcs[i]), pinned_allocator(), false);
-      at::Tensor staging = at::empty({0}, src.options()).set_(staged, 0, {srcs[i].numel()}, {1});
-      raw_copy(staging, src);
-      src = staging;
-    }
-    wait = wait || (dsts[i].is_cpu() && !is_pinned_ptr(dsts[i].storage().data()));
+    wait = wait || host_must_wait(dsts[i], /*non_blocking=*/true);
     nbytes += byte_size(srcs[i]);
-    pairs.emplace_back(cpu_alias(dsts[i]), src);
+    pairs.emplace_back(cpu_alias(dsts[i]), staged[i]);
   }
   NpuStream& stream = current_stream(device);
   stream.enqueue(
@@ -143,6 +146,7 @@ void memcpy_batch_async(const std::vector<at::Tensor>& dsts, const std::vector<a
         }
       },
       copy_task_us(nbytes));
+  increment_version(dsts);
   if (wait) {
     stream.synchronize();
   }

@@ -10,17 +10,22 @@ namespace npusim {
 // aclnnForeachCopy: the op-plugin's SINGLE_FOREACH_OP_TENSOR_COUNT.
 constexpr size_t kSingleForeachOpTensorCount = 48;
 
-// One device task on the current stream of dsts[0]'s device copying every
-// pair; at most kSingleForeachOpTensorCount pairs. Returns once enqueued.
-void launch_foreach_copy(const std::vector<at::Tensor>& dsts, const std::vector<at::Tensor>& srcs);
+// The fast route's device kernel: one task per chunk of at most
+// kSingleForeachOpTensorCount pairs on the current stream of dsts[0]'s
+// device, then one version bump per destination. Returns the chunk count once
+// the tasks are enqueued, or, with `wait` (the legacy kernel's blocking
+// non_blocking=False), once they are done (timeout_s < 0: no limit).
+int64_t launch_foreach_copy(const std::vector<at::Tensor>& dsts, const std::vector<at::Tensor>& srcs,
+    bool wait, double timeout_s);
 
-// aclrtMemcpyBatch: blocking raw-byte copies between host and device, pair
-// by pair (src nbytes each). The caller synchronizes the stream first.
-void memcpy_batch(const std::vector<at::Tensor>& dsts, const std::vector<at::Tensor>& srcs);
+// aclrtMemcpyBatch: waits for the current stream (timeout_s, an error naming
+// the stream), then copies raw bytes between host and device, pair by pair
+// (src nbytes each), and bumps the destinations' versions.
+void memcpy_batch(const std::vector<at::Tensor>& dsts, const std::vector<at::Tensor>& srcs, double timeout_s);
 
 // aclrtMemcpyBatchAsync: the same copies as one task on the current stream.
-// Pageable host sources are staged at call time; a pageable host destination
-// makes the call wait for the task (as for copy_).
+// Pageable host sources are staged at call time in one block; a pageable host
+// destination makes the call wait for the task (as for copy_).
 void memcpy_batch_async(const std::vector<at::Tensor>& dsts, const std::vector<at::Tensor>& srcs);
 
 // PyTorch's own fast-route predicate over a whole list pair.

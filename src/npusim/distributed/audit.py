@@ -7,7 +7,7 @@ the file and line of the code that replaced it, and classifies each one:
 - **allowed**: an enhancement hook listed in :data:`ALLOWED_ENHANCEMENTS`
   (npusim's enhancement layer adds its own via :func:`register_allowed_enhancement`);
 - **forbidden**: anything else, and always anything touching the collectives
-  path (:data:`COLLECTIVES_NAMES`), which SPEC section 5 keeps upstream.
+  path (:data:`COLLECTIVES_NAMES`), which docs/SPEC.md section 5 keeps upstream.
 
 See Note [How the audit tells PyTorch's own] below. ``python -m npusim audit``
 runs it and exits non-zero on a forbidden finding.

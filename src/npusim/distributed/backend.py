@@ -54,6 +54,15 @@ def _drain_at_exit() -> None:
             _extension.drain_releases(DRAIN_AT_EXIT_S)
 
 
+def wait_idle(timeout_s: float) -> bool:
+    """Waits until every collective this process's npu backend has issued so far has
+    finished on its comm stream and dropped its tensors (the backend holds them while a
+    collective runs, as NCCL does). Returns False if that did not happen within
+    ``timeout_s``; True at once when no process group uses the backend yet. Call it
+    without holding locks that collectives' completion may need."""
+    return True if _extension is None else bool(_extension.wait_idle(timeout_s))
+
+
 def create_backend(store: dist.Store, rank: int, size: int, timeout: timedelta) -> dist.Backend:
     """The creator ``init_process_group`` and ``new_group`` call for npu."""
     # A prefix of its own keeps the inner gloo group's rendezvous keys apart

@@ -1,7 +1,7 @@
 """The old torch-npu FSDP2 collectives patch, reproduced for comparison only.
 
 Before the NPU ``_foreach_copy_`` fast path was aligned with CUDA (see
-SPEC section 5 and the review in ``shared/seed``), torch-npu overrode three
+docs/SPEC.md section 5 and the design review it restates), torch-npu overrode three
 pieces of PyTorch's FSDP2 so that the two same-device foreach copies ran with
 ``non_blocking=True``:
 

@@ -1,4 +1,4 @@
-"""``aten::_foreach_copy_`` for the npu: the CUDA-aligned operator kernel (SPEC.md 4.1, 4.2).
+"""``aten::_foreach_copy_`` for the npu: the CUDA-aligned operator kernel (docs/SPEC.md 4.1, 4.2).
 
 Routing, per dtype group of the lists:
 
@@ -28,7 +28,7 @@ from npusim.ops import trace as _trace
 from npusim.ops.trace import CallRecord, GroupRecord, Route
 from npusim.runtime import acl, profiles
 
-CHUNK = int(acl.SINGLE_FOREACH_OP_TENSOR_COUNT)  # pairs per device task (aclnnForeachCopy limit)
+CHUNK = acl.SINGLE_FOREACH_OP_TENSOR_COUNT  # pairs per device task (aclnnForeachCopy limit)
 MODES = ("aligned", "legacy")
 MODE_ENV = "NPUSIM_FOREACH_COPY_MODE"
 
@@ -36,7 +36,7 @@ MODE_ENV = "NPUSIM_FOREACH_COPY_MODE"
 # Before the alignment the fast path handed the caller's non_blocking to the
 # kernel, and with non_blocking=False (FSDP2's default) the host waited for the
 # copy to finish. npusim keeps that behaviour selectable only so the difference
-# can be measured (SPEC.md section 6); it is never the recommended setting.
+# can be measured (docs/SPEC.md section 6); it is never the recommended setting.
 
 
 def _mode_from_env() -> str:
@@ -85,11 +85,6 @@ def original_batch_eligibility() -> Iterator[None]:
         _original_batch_eligibility = previous
 
 
-def _synchronize_current_stream(device_index: int, timeout_s: float) -> None:
-    stream_id, index, _ = acl.current_stream(device_index)
-    acl.synchronize_stream(stream_id, index, timeout_s)
-
-
 def _batch_device(self: list[torch.Tensor], src: list[torch.Tensor], non_blocking: bool) -> int | None:
     """The op-plugin's ``check_tensor_device_dtype_base`` plus npusim's correction: the npu
     index the batched memcpy runs on, or None when the lists are not eligible."""
@@ -105,12 +100,9 @@ def _batch_device(self: list[torch.Tensor], src: list[torch.Tensor], non_blockin
         return None
     if non_blocking and npu.index != acl.current_device():
         return None  # the async batch is enqueued on the current device's stream
-    if not _original_batch_eligibility:
-        # The batch copies src's raw bytes: anything but an identical dense layout corrupts data.
-        for d, s in zip(self, src, strict=True):
-            if (d.dtype != s.dtype or d.numel() != s.numel() or not d.is_contiguous() or not s.is_contiguous()
-                    or d.is_conj() or s.is_conj() or d.is_neg() or s.is_neg()):
-                return None
+    # The batch copies src's raw bytes: anything but the same byte layout corrupts data.
+    if not _original_batch_eligibility and not acl.same_byte_layouts(self, src):
+        return None
     return npu.index
 
 
@@ -118,16 +110,6 @@ def _slow(self: list[torch.Tensor], src: list[torch.Tensor], non_blocking: bool)
     # copy_ bumps each destination's version counter itself.
     for d, s in zip(self, src, strict=True):
         d.copy_(s, non_blocking=non_blocking)
-
-
-def _launch_fast(self: list[torch.Tensor], src: list[torch.Tensor]) -> int:
-    n = len(self)
-    if n <= CHUNK:
-        acl.launch_foreach_copy(self, src)
-        return 1
-    for start in range(0, n, CHUNK):
-        acl.launch_foreach_copy(self[start:start + CHUNK], src[start:start + CHUNK])
-    return (n + CHUNK - 1) // CHUNK
 
 
 def _process(self: list[torch.Tensor], src: list[torch.Tensor], non_blocking: bool,
@@ -139,11 +121,8 @@ def _process(self: list[torch.Tensor], src: list[torch.Tensor], non_blocking: bo
     # can_use_fast_route puts every tensor on one device; a group of a mixed-device
     # list may be host-only, which the device kernel cannot copy.
     if fast_route and src[0].device.type == "npu" and src[0].dtype in profile.fast_dtypes:
-        chunks = _launch_fast(self, src)
         passed = True if _mode == "aligned" else non_blocking
-        if not passed:
-            _synchronize_current_stream(src[0].device.index, profile.sync_timeout_s)
-        acl.increment_version(self)
+        chunks = acl.launch_foreach_copy(self, src, not passed, profile.sync_timeout_s)
         return "fast", chunks, passed
     # A fast route (e.g. a dtype the kernel lacks) is device-to-device: never batch-eligible.
     if not fast_route and profile.batch and profile.memcpy_batch_available(non_blocking):
@@ -152,10 +131,7 @@ def _process(self: list[torch.Tensor], src: list[torch.Tensor], non_blocking: bo
             if non_blocking:
                 acl.memcpy_batch_async(self, src)
             else:
-                # The blocking memcpy bypasses the stream: earlier work on it must be done.
-                _synchronize_current_stream(device, profile.sync_timeout_s)
-                acl.memcpy_batch(self, src)
-            acl.increment_version(self)
+                acl.memcpy_batch(self, src, profile.sync_timeout_s)
             return "batch", 1, non_blocking
     _slow(self, src, non_blocking)
     return "slow", 0, non_blocking
@@ -176,7 +152,7 @@ def _group_by_src_dtype(self: list[torch.Tensor], src: list[torch.Tensor]
 def foreach_copy_(self: list[torch.Tensor], src: list[torch.Tensor], non_blocking: bool = False) -> None:
     """The PrivateUse1 kernel of ``aten::_foreach_copy_(Tensor(a!)[] self, Tensor[] src,
     bool non_blocking=False) -> ()``: same argument errors, results and version-counter
-    bumps (one per destination) as upstream; routes per SPEC.md 4.1."""
+    bumps (one per destination) as upstream; routes per docs/SPEC.md 4.1."""
     profile = profiles.get_profile()
     # Also first on the compat route: upstream's slow kernel, which DO_COMPATIBILITY
     # falls back to, begins with the same checks.

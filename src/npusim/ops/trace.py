@@ -1,4 +1,4 @@
-"""Route trace of ``_foreach_copy_`` (SPEC.md section 4.2).
+"""Route trace of ``_foreach_copy_`` (docs/SPEC.md section 4.2).
 
 Tests and benchmarks read which route each call took::
 

@@ -72,16 +72,19 @@ set_rng_state: Callable[[int, torch.Tensor], None] = C.set_rng_state
 
 # aclnnForeachCopy's SINGLE_FOREACH_OP_TENSOR_COUNT: pairs per device task.
 SINGLE_FOREACH_OP_TENSOR_COUNT: int = int(C.SINGLE_FOREACH_OP_TENSOR_COUNT)
-# One device task per call on the current stream; at most SINGLE_FOREACH_OP_TENSOR_COUNT pairs.
-launch_foreach_copy: Callable[[TensorList, TensorList], None] = C.launch_foreach_copy
-# Blocking host<->device batch (the caller synchronizes the stream first).
-memcpy_batch: Callable[[TensorList, TensorList], None] = C.memcpy_batch
-# One asynchronous task; pageable sources staged now, a pageable destination waits.
+# The fast route's kernel: one task per chunk of SINGLE_FOREACH_OP_TENSOR_COUNT pairs on the current
+# stream, one version bump per destination; (dsts, srcs, wait, timeout_s) -> chunks. With wait (the
+# legacy kernel's blocking mode) it returns when the copies are done, else once they are enqueued.
+launch_foreach_copy: Callable[[TensorList, TensorList, bool, float], int] = C.launch_foreach_copy
+# aclrtMemcpyBatch: waits for the current stream (dsts, srcs, timeout_s), copies, bumps versions.
+memcpy_batch: Callable[[TensorList, TensorList, float], None] = C.memcpy_batch
+# One asynchronous task; pageable sources staged now in one block, a pageable destination waits.
 memcpy_batch_async: Callable[[TensorList, TensorList], None] = C.memcpy_batch_async
+# Whether every pair has the same byte layout (host_transfer.h: same_byte_layout).
+same_byte_layouts: Callable[[TensorList, TensorList], bool] = C.same_byte_layouts
 # PyTorch's own at::native::can_use_fast_route and check_foreach_api_restrictions.
 can_use_fast_route: Callable[[TensorList, TensorList], bool] = C.can_use_fast_route
 check_foreach_api_restrictions: Callable[[TensorList, TensorList], None] = C.check_foreach_api_restrictions
-increment_version: Callable[[TensorList], None] = C.increment_version
 
 
 # ---- extensions -------------------------------------------------------------

@@ -13,9 +13,6 @@ import torch
 from npusim.runtime import acl
 from npusim.runtime.device import _device_t, _get_device_index
 
-_NPU_TYPE = None  # filled lazily: the integer DeviceType of PrivateUse1
-
-
 class Stream(torch.Stream):
     """An npu stream: a FIFO of device work running asynchronously to the host.
 

@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import math
 import threading
+import warnings
 from collections.abc import Sequence
 from typing import Any, NamedTuple
 
@@ -41,16 +42,8 @@ from npusim.distributed import backend as _backend
 # completion before its buffers count as released.
 
 
-# The longest wait for the npu backend to finish and drop earlier collectives.
-_BACKEND_IDLE_TIMEOUT_S = 5.0
-
-
-def _wait_backend_idle() -> None:
-    """Waits until the npu backend has finished every collective issued so far and dropped
-    its tensors (a no-op when the backend is not loaded)."""
-    extension = _backend._extension
-    if extension is not None:
-        extension.wait_idle(_BACKEND_IDLE_TIMEOUT_S)
+# The longest wait for earlier collectives to finish before the cache grows instead.
+_IN_FLIGHT_TIMEOUT_S = 5.0
 
 
 class CacheStats(NamedTuple):
@@ -109,9 +102,15 @@ class CommBufferCache:
         key = (device, dtype, numel)
         with self._lock:
             self._collect_released()
-            buf = self._take_free(key)
-            if buf is None and self._wait_in_flight(key):
-                buf = self._take_free(key)
+            buf = self._claim_free(key)
+            in_flight = [] if buf is not None else self._in_flight(key)
+        if buf is None and in_flight:
+            # Outside the lock: the wait can take as long as a collective does.
+            self._wait_in_flight(in_flight)
+            with self._lock:
+                self._collect_released()
+                buf = self._claim_free(key)
+        with self._lock:
             if buf is None:
                 nbytes = numel * torch.empty((), dtype=dtype).element_size()
                 if not self._make_room(nbytes):
@@ -119,12 +118,10 @@ class CommBufferCache:
                     return torch.empty(shape, dtype=dtype, device=device)
                 tensor = torch.empty(numel, dtype=dtype, device=device)
                 buf = _Buffer(tensor, _use_count(tensor))
+                buf.in_use = True
                 self._buffers.setdefault(key, []).append(buf)
                 self._by_ptr[tensor.data_ptr()] = buf
                 self._misses += 1
-            else:
-                self._hits += 1
-            buf.in_use = True
             self._note_stream(buf, _current_stream(device))
             # A new TensorImpl over the same storage: the storage use count
             # then tells whether FSDP still holds it (Note [When a cached buffer is free]).
@@ -160,47 +157,40 @@ class CommBufferCache:
             buf.work = buf.done = None
             buf.in_use = False
 
-    def _wait_in_flight(self, key: tuple[torch.device, torch.dtype, int]) -> bool:
-        """Before growing: waits for the collectives still running on buffers of ``key``.
+    def _in_flight(self, key: tuple[torch.device, torch.dtype, int]) -> list[tuple[Any, Any]]:
+        """The (event, Work) of every collective still running on a held buffer of ``key``."""
+        return [(b.done, b.work) for b in self._buffers.get(key, ()) if b.in_use]
+
+    def _wait_in_flight(self, in_flight: list[tuple[Any, Any]]) -> None:
+        """Before growing: waits for the collectives still running on buffers of the key.
 
         The collective backend keeps the tensors of a running collective
         alive (as NCCL does), so a buffer FSDP already dropped still looks
         held until its collective ends. Without this wait, whether a step
         allocates would depend on timing; with it, the cache grows only for
         buffers FSDP itself holds, and steady state allocates nothing.
+        Called without the cache lock held.
         """
-        pending = [b for b in self._buffers.get(key, ()) if b.in_use]
-        if not pending:
-            return False
-        for buf in pending:
-            if buf.done is not None:
-                buf.done.synchronize()
-                buf.done = None
-            if buf.work is not None:
-                buf.work.wait()
-                buf.work = None
+        for done, work in in_flight:
+            if done is not None:
+                done.synchronize()
+            if work is not None:
+                work.wait()
         # The backend holds a job's tensors until its release thread drops them,
         # after the collective finished on the comm stream. Once it is idle, a
         # buffer still in use is held by FSDP itself and the cache must grow.
-        _wait_backend_idle()
-        self._collect_released()
-        return any(not b.in_use for b in pending)
+        if not _backend.wait_idle(_IN_FLIGHT_TIMEOUT_S):
+            warnings.warn(
+                f"npusim comm-buffer cache: the npu collective backend did not finish its collectives "
+                f"within {_IN_FLIGHT_TIMEOUT_S} s; allocating a new buffer instead of reusing one",
+                RuntimeWarning, stacklevel=3)
 
-    def _take_free(self, key: tuple[torch.device, torch.dtype, int]) -> _Buffer | None:
-        free = [b for b in self._buffers.get(key, ()) if not b.in_use]
-        if not free:
-            return None
-        # Prefer a buffer whose release events all completed: no wait at all.
-        for buf in free:
-            if all(e.query() for e in buf.events):
-                buf.events = []
-                return buf
-        buf = free[0]
-        stream = _current_stream(key[0])
-        for e in buf.events:
-            stream.wait_event(e)
-        buf.events = []
-        self._stream_waits += 1
+    def _claim_free(self, key: tuple[torch.device, torch.dtype, int]) -> _Buffer | None:
+        """A released buffer of ``key`` marked in use again (a hit), or None."""
+        buf = self._take_free(key)
+        if buf is not None:
+            buf.in_use = True
+            self._hits += 1
         return buf
 
     def _make_room(self, nbytes: int) -> bool:
@@ -245,11 +235,6 @@ class CommBufferCache:
                     self._drop(key, buf)
                     freed += buf.nbytes
             return freed
-
-    def reset_stats(self) -> None:
-        with self._lock:
-            self._hits = self._misses = self._bypassed = self._stream_waits = 0
-
 
 def _current_stream(device: torch.device) -> torch.Stream:
     return torch.get_device_module(device.type).current_stream(device)
