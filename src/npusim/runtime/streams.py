@@ -13,6 +13,7 @@ import torch
 from npusim.runtime import acl
 from npusim.runtime.device import _device_t, _get_device_index
 
+
 class Stream(torch.Stream):
     """An npu stream: a FIFO of device work running asynchronously to the host.
 
