@@ -1,18 +1,11 @@
-"""World-size-2 FSDP2 training with and without the historical patch (run by test_historical_patch.py).
-
-Usage: python _historical_patch_worker.py DEVICE TMPDIR OUT_JSON, DEVICE being "cpu" or "npu".
-Rank 0 writes, for each mode, the losses, the final full parameters and how
-the foreach copies it saw were issued.
-"""
+"""World-size-2 FSDP2 training with and without the historical patch (run by test_historical_patch.py
+through npusim.testing.ranks.run_ranks). Each rank returns, for each mode, the losses, the final full
+parameters and how the foreach copies it saw were issued."""
 
 from __future__ import annotations
 
-import json
-import sys
-
 import torch
 import torch.distributed as dist
-import torch.multiprocessing as mp
 import torch.nn as nn
 from torch.distributed.device_mesh import init_device_mesh
 from torch.distributed.fsdp import MixedPrecisionPolicy, fully_shard
@@ -88,19 +81,12 @@ def run_patched(device: torch.device, rank: int) -> dict:
     return {**result, "finalize_calls": finalize_calls}
 
 
-def worker(rank: int, device_type: str, tmpdir: str, out: str) -> None:
-    backend = "gloo" if device_type == "cpu" else "cpu:gloo,npu:hccl"
-    dist.init_process_group(backend, init_method=f"file://{tmpdir}/store", rank=rank, world_size=2)
-    if device_type == "npu":
-        torch.npu.set_device(rank)
+def backend_for(device_type: str) -> str:
+    return "gloo" if device_type == "cpu" else "cpu:gloo,npu:hccl"
+
+
+def job(rank: int, world_size: int, device_type: str) -> dict:
     device = torch.device(device_type, rank) if device_type == "npu" else torch.device("cpu")
     result = {"upstream": train(device, rank), "patched": run_patched(device, rank)}
     dist.barrier()
-    dist.destroy_process_group()
-    if rank == 0:
-        with open(out, "w") as f:
-            json.dump(result, f)
-
-
-if __name__ == "__main__":
-    mp.spawn(worker, args=tuple(sys.argv[1:4]), nprocs=2, join=True)
+    return result

@@ -6,12 +6,6 @@ values as upstream, and the patched copies really run with ``non_blocking=True``
 
 from __future__ import annotations
 
-import json
-import os
-import signal
-import subprocess
-import sys
-from pathlib import Path
 from types import SimpleNamespace
 
 import pytest
@@ -20,9 +14,10 @@ from torch.distributed.fsdp._fully_shard import _fsdp_collectives
 from torch.distributed.fsdp._fully_shard._fsdp_param import ShardedState
 from torch.distributed.fsdp._fully_shard._fsdp_param_group import FSDPParamGroup
 
+import _historical_patch_worker as worker
 from npusim.distributed import historical_patch as hp
+from npusim.testing.ranks import run_ranks
 
-WORKER = Path(__file__).with_name("_historical_patch_worker.py")
 TIMEOUT_S = 240  # two ranks, two short trainings; a first run may also build the backend
 
 
@@ -140,20 +135,10 @@ def test_remove_refuses_to_drop_a_later_patch():
 
 
 @pytest.mark.parametrize("device", ["cpu", "npu"])
-def test_fsdp2_training_identical_with_patch(device, tmp_path):
+def test_fsdp2_training_identical_with_patch(device):
     """World size 2: FSDP2 training gives bit-identical losses and parameters with the patch, which really ran."""
-    out = tmp_path / "result.json"
-    # A session of its own, so a timeout can end the spawned ranks too, not just their parent.
-    proc = subprocess.Popen([sys.executable, str(WORKER), device, str(tmp_path), str(out)],
-                            stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, start_new_session=True)
-    try:
-        output, _ = proc.communicate(timeout=TIMEOUT_S)
-    except subprocess.TimeoutExpired:
-        os.killpg(proc.pid, signal.SIGKILL)
-        output, _ = proc.communicate()
-        pytest.fail(f"FSDP2 world-size-2 run on {device} did not finish in {TIMEOUT_S} s:\n{output[-4000:]}")
-    assert proc.returncode == 0, output
-    result = json.loads(out.read_text())
+    result = run_ranks(worker.job, device, backend=worker.backend_for(device), bind_device=False,
+                       timeout=TIMEOUT_S, name=f"historical patch on {device}")[0]
     assert result["upstream"]["losses"] == result["patched"]["losses"]
     assert result["upstream"]["params"] == result["patched"]["params"]
     # Upstream never forces non_blocking. The patch forces it in both copies of

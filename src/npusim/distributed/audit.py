@@ -15,11 +15,8 @@ runs it and exits non-zero on a forbidden finding.
 
 from __future__ import annotations
 
-import argparse
 import importlib
-import json
 import os
-import pkgutil
 import re
 import sys
 import types
@@ -74,6 +71,9 @@ class AuditReport(NamedTuple):
     findings: tuple[Finding, ...]
     checked: int  # functions, methods and kernels inspected
     torch_dir: str
+    # Private FSDP2 state npusim's enhancement layer writes (never a function
+    # replacement, so not a finding; see npusim.distributed.fsdp.fsdp_private).
+    private_state_written: tuple[str, ...] = ()
 
     @property
     def forbidden(self) -> tuple[Finding, ...]:
@@ -89,6 +89,7 @@ class AuditReport(NamedTuple):
             "checked": self.checked,
             "torch_dir": self.torch_dir,
             "findings": [f._asdict() for f in self.findings],
+            "private_state_written": list(self.private_state_written),
         }
 
 
@@ -280,52 +281,7 @@ def audit_fsdp() -> AuditReport:
     for module in modules:
         _audit_module(col, module, sources)
     _audit_kernels(col)
-    return AuditReport(tuple(col.findings), col.checked, prov.TORCH_DIR)
+    from npusim.distributed.fsdp.fsdp_private import WRITTEN
 
-
-# --- command line: python -m npusim audit -------------------------------------------------------
-
-_SHORT_PREFIX = FSDP2_PACKAGE + "."
-
-
-def format_report(report: AuditReport) -> str:
-    """A readable table of the findings, or one line when there are none."""
-    if not report.findings:
-        return (f"FSDP2 audit: clean. No PyTorch FSDP2 function, method or {OP_NAMESPACE}:: kernel is replaced "
-                f"({report.checked} checked, torch at {report.torch_dir}).")
-    n_bad = len(report.forbidden)
-    head = (f"FSDP2 audit: {len(report.findings)} replacement(s), {n_bad} forbidden, "
-            f"{len(report.findings) - n_bad} allowed ({report.checked} checked, torch at {report.torch_dir}).")
-    rows = [("STATUS", "KIND", "CHANGE", "TARGET", "REPLACED BY", "REASON")]
-    rows += [(f.status, f.kind, f.change, f.target.removeprefix(_SHORT_PREFIX), f.replacement_origin, f.reason)
-             for f in report.findings]
-    widths = [max(len(row[i]) for row in rows) for i in range(len(rows[0]) - 1)]
-    lines = ["  ".join(cell.ljust(w) for cell, w in zip(row, widths, strict=False)) + "  " + row[-1] for row in rows]
-    return "\n".join([head, *lines])
-
-
-def _default_imports() -> list[str]:
-    """npusim and every npusim.distributed module: importing them must not patch FSDP2."""
-    import npusim.distributed as package
-
-    names = [f"{package.__name__}.{info.name}" for info in pkgutil.iter_modules(package.__path__)]
-    return ["npusim", package.__name__, *sorted(names)]
-
-
-def add_arguments(parser: argparse.ArgumentParser) -> None:
-    parser.add_argument("--json", action="store_true", help="print the report as JSON")
-    parser.add_argument("--import", dest="imports", action="append", metavar="MODULE", default=None,
-                        help="import MODULE before auditing (repeatable; default: npusim and npusim.distributed.*)")
-
-
-def run(args: argparse.Namespace) -> int:
-    """Exit status: 0 when nothing forbidden is found, 1 otherwise, 2 when a requested import fails."""
-    for name in args.imports if args.imports is not None else _default_imports():
-        try:
-            importlib.import_module(name)
-        except Exception as exc:  # noqa: BLE001 - reported, then the audit fails loudly
-            print(f"npusim audit: importing {name} failed: {type(exc).__name__}: {exc}", file=sys.stderr)
-            return 2
-    report = audit_fsdp()
-    print(json.dumps(report.to_dict(), indent=2) if args.json else format_report(report))
-    return 0 if report.ok else 1
+    written = tuple(f"{p.owner}.{p.name}" for p in WRITTEN)
+    return AuditReport(tuple(col.findings), col.checked, prov.TORCH_DIR, written)

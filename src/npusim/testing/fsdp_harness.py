@@ -14,10 +14,9 @@ import torch.distributed as dist
 import torch.nn as nn
 from torch.distributed.fsdp import FSDPModule, MixedPrecisionPolicy
 from torch.distributed.fsdp import fully_shard as upstream_fully_shard
-from torch.distributed.fsdp._fully_shard._fsdp_collectives import DefaultAllGather, DefaultReduceScatter
 
 from npusim.distributed import fsdp as enhanced
-from npusim.distributed.fsdp.recompute import in_backward
+from npusim.distributed.fsdp.fsdp_private import DefaultAllGather, DefaultReduceScatter, in_backward
 
 
 class CountingAllGather(DefaultAllGather):

@@ -22,11 +22,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         bench_parser = sub.add_parser(name)
         bench_parser.add_argument("--out", default="bench-out", help="directory for plots and raw results")
         bench_parser.set_defaults(_bench_module=module_name)
-        try:
-            module = importlib.import_module(module_name)
-        except ModuleNotFoundError:
-            continue  # not written yet
-        module.add_arguments(bench_parser)
+        importlib.import_module(module_name).add_arguments(bench_parser)
 
 
 def run(args: argparse.Namespace) -> int:

@@ -10,15 +10,13 @@ from __future__ import annotations
 
 import argparse
 import copy
-import os
-import signal
-import socket
-import subprocess
 import sys
 import time
 
 import torch
 from torch import nn
+
+VOCAB, SEQ = 64, 32
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
@@ -26,41 +24,22 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--no-fsdp", action="store_true", help="skip the 2-rank FSDP2 part (torchrun)")
 
 
-def _free_port() -> int:
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        return sock.getsockname()[1]
-
-
 def _run_fsdp_ranks(timeout_s: float = 300) -> int:
     """Runs npusim.tools.fsdp_demo on 2 ranks with torchrun; returns its exit code."""
-    cmd = [sys.executable, "-m", "torch.distributed.run", "--nproc-per-node", "2", "--master-addr", "127.0.0.1",
-           "--master-port", str(_free_port()), "-m", "npusim.tools.fsdp_demo"]
-    env = {**os.environ, "OMP_NUM_THREADS": os.environ.get("OMP_NUM_THREADS", "1")}
-    with subprocess.Popen(cmd, env=env, start_new_session=True) as proc:
-        try:
-            return proc.wait(timeout=timeout_s)
-        except subprocess.TimeoutExpired:
-            os.killpg(proc.pid, signal.SIGKILL)
-            print(f"FSDP2 demo did not finish within {timeout_s:.0f} s; stopped it")
-            return 1
+    from npusim.testing.torchrun import TorchrunTimeoutError, run_torchrun
+
+    try:
+        return run_torchrun(["-m", "npusim.tools.fsdp_demo"], nproc=2, timeout_s=timeout_s).returncode
+    except TorchrunTimeoutError as exc:
+        print(exc)
+        return 1
 
 
-class TinyTransformer(nn.Module):
-    def __init__(self, vocab: int = 64, dim: int = 64, layers: int = 2) -> None:
-        super().__init__()
-        self.embed = nn.Embedding(vocab, dim)
-        self.blocks = nn.ModuleList(
-            nn.TransformerEncoderLayer(dim, nhead=4, dim_feedforward=4 * dim, dropout=0.0, batch_first=True)
-            for _ in range(layers))
-        self.head = nn.Linear(dim, vocab)
+def demo_model() -> nn.Module:
+    """The demo's model: the shared test transformer at dim 64, without checkpointing."""
+    from npusim.testing.models import TinyTransformer
 
-    def forward(self, tokens: torch.Tensor) -> torch.Tensor:
-        """Logits of shape (batch * seq, vocab): a fresh tensor, not a view (FSDP2 warns on views)."""
-        x = self.embed(tokens)
-        for block in self.blocks:
-            x = block(x)
-        return self.head(x.flatten(0, 1))
+    return TinyTransformer(vocab=VOCAB, dim=64, heads=4, seq=SEQ, n_blocks=2, use_reentrant=None)
 
 
 def _train(model: nn.Module, device: str, steps: int) -> tuple[list[float], float]:
@@ -70,9 +49,9 @@ def _train(model: nn.Module, device: str, steps: int) -> tuple[list[float], floa
     losses = []
     start = time.perf_counter()
     for _ in range(steps):
-        tokens = torch.randint(0, 64, (8, 32), generator=gen)
+        tokens = torch.randint(0, VOCAB, (8, SEQ), generator=gen)
         logits = model(tokens.to(device))
-        loss = nn.functional.cross_entropy(logits, tokens.roll(-1, 1).flatten().to(device))
+        loss = nn.functional.cross_entropy(logits.flatten(0, 1), tokens.roll(-1, 1).flatten().to(device))
         opt.zero_grad()
         loss.backward()
         opt.step()
@@ -87,7 +66,7 @@ def run(args: argparse.Namespace) -> int:
     print(f"npusim {npusim.__version__}: {torch.npu.device_count()} simulated npu devices, "
           f"profile {npusim.get_profile().name}")
     torch.manual_seed(0)
-    model = TinyTransformer()
+    model = demo_model()
     cpu_losses, cpu_s = _train(copy.deepcopy(model), "cpu", args.steps)
     npu_losses, npu_s = _train(copy.deepcopy(model), "npu", args.steps)
     print("\nstep  loss(cpu)   loss(npu)")

@@ -1,6 +1,6 @@
 """The FSDP2 part of ``python -m npusim demo``, one process per rank under torchrun::
 
-    python -m torch.distributed.run --nproc-per-node 2 -m npusim.tools.fsdp_demo
+    python -m torch.distributed.run --standalone --nproc-per-node 2 -m npusim.tools.fsdp_demo
 
 PyTorch's own ``fully_shard``, unpatched, trains a small transformer on the
 simulated npu over the "hccl" backend; rank 0 prints the losses, the route the
@@ -19,7 +19,7 @@ from torch.distributed.fsdp import fully_shard
 import npusim
 from npusim.distributed.audit import audit_fsdp
 from npusim.ops import trace_foreach_copy
-from npusim.tools.demo import TinyTransformer
+from npusim.tools.demo import SEQ, VOCAB, demo_model
 
 STEPS = 5
 
@@ -30,7 +30,7 @@ def main() -> int:
     torch.npu.set_device(device)
     dist.init_process_group(device_id=device)
     torch.manual_seed(0)
-    model = TinyTransformer()
+    model = demo_model()
     for block in model.blocks:
         fully_shard(block)
     fully_shard(model)
@@ -38,9 +38,9 @@ def main() -> int:
     gen = torch.Generator().manual_seed(rank)
     with trace_foreach_copy() as calls:
         for step in range(STEPS):
-            tokens = torch.randint(0, 64, (8, 32), generator=gen).to(device)
+            tokens = torch.randint(0, VOCAB, (8, SEQ), generator=gen).to(device)
             logits = model(tokens)
-            loss = nn.functional.cross_entropy(logits, tokens.roll(-1, 1).flatten())
+            loss = nn.functional.cross_entropy(logits.flatten(0, 1), tokens.roll(-1, 1).flatten())
             opt.zero_grad()
             loss.backward()
             opt.step()

@@ -17,9 +17,9 @@ from typing import Any, NamedTuple
 
 import torch
 import torch.distributed as dist
-from torch.distributed.fsdp._fully_shard._fsdp_collectives import DefaultAllGather, DefaultReduceScatter
 
 from npusim.distributed import backend as _backend
+from npusim.distributed.fsdp.fsdp_private import DefaultAllGather, DefaultReduceScatter, storage_use_count
 
 # Note [When a cached buffer is free]
 # FSDP2 holds a buffer as long as it needs it on the host: the all-gather
@@ -70,10 +70,6 @@ class _Buffer:
         self.in_use = False
 
 
-def _use_count(t: torch.Tensor) -> int:
-    return torch._C._storage_Use_Count(t.untyped_storage()._cdata)
-
-
 def _stream_key(s: torch.Stream) -> tuple[int, int, int]:
     return (s.device_index, s.device_type, s.stream_id)
 
@@ -117,7 +113,7 @@ class CommBufferCache:
                     self._bypassed += 1
                     return torch.empty(shape, dtype=dtype, device=device)
                 tensor = torch.empty(numel, dtype=dtype, device=device)
-                buf = _Buffer(tensor, _use_count(tensor))
+                buf = _Buffer(tensor, storage_use_count(tensor))
                 buf.in_use = True
                 self._buffers.setdefault(key, []).append(buf)
                 self._by_ptr[tensor.data_ptr()] = buf
@@ -145,7 +141,7 @@ class CommBufferCache:
     def _collect_released(self) -> None:
         """Marks buffers FSDP no longer holds as free, recording their release events."""
         for buf in self._by_ptr.values():
-            if not buf.in_use or _use_count(buf.tensor) > buf.baseline:
+            if not buf.in_use or storage_use_count(buf.tensor) > buf.baseline:
                 continue
             if buf.work is not None and not buf.work.is_completed():
                 continue
@@ -191,6 +187,23 @@ class CommBufferCache:
         if buf is not None:
             buf.in_use = True
             self._hits += 1
+        return buf
+
+    def _take_free(self, key: tuple[torch.device, torch.dtype, int]) -> _Buffer | None:
+        free = [b for b in self._buffers.get(key, ()) if not b.in_use]
+        if not free:
+            return None
+        # Prefer a buffer whose release events all completed: no wait at all.
+        for buf in free:
+            if all(e.query() for e in buf.events):
+                buf.events = []
+                return buf
+        buf = free[0]
+        stream = _current_stream(key[0])
+        for e in buf.events:
+            stream.wait_event(e)
+        buf.events = []
+        self._stream_waits += 1
         return buf
 
     def _make_room(self, nbytes: int) -> bool:

@@ -8,10 +8,11 @@ from __future__ import annotations
 
 from typing import Any
 
-import torch
 import torch.nn as nn
 from torch.distributed.fsdp import FSDPModule
-from torch.distributed.fsdp._fully_shard._fsdp_common import TrainingState
+
+from npusim.distributed.fsdp import fsdp_private as private
+from npusim.distributed.fsdp.fsdp_private import in_backward
 
 # Note [Recompute inside backward]
 # Activation checkpointing runs a block's forward again while autograd is
@@ -55,11 +56,6 @@ from torch.distributed.fsdp._fully_shard._fsdp_common import TrainingState
 # (recompute before that hook) training and counts equal PyTorch's (tested).
 
 
-def in_backward() -> bool:
-    """True while the autograd engine executes a backward graph on this thread."""
-    return torch._C._current_graph_task_id() != -1
-
-
 class _RecomputeRule:
     """The hooks of one FSDP module; a stack so that a recursive call restores correctly."""
 
@@ -70,16 +66,16 @@ class _RecomputeRule:
         self.rearmed = 0  # recomputes given their own backward hooks (Note [Reentrant recompute ...])
 
     def pre_forward(self, module: nn.Module, args: tuple[Any, ...], kwargs: dict[str, Any]) -> None:
-        state = self.module._get_fsdp_state()
         if not in_backward():
             self.saved.append(None)
             return
-        if state._training_state == TrainingState.PRE_BACKWARD and any(
-                g._training_state == TrainingState.POST_BACKWARD for g in state._fsdp_param_groups):
-            state._training_state = TrainingState.IDLE
+        if (private.training_state(self.module) == private.TrainingState.PRE_BACKWARD
+                and private.any_group_in_post_backward(self.module)):
+            private.set_training_state(self.module, private.TrainingState.IDLE)
             self.rearmed += 1
-        if state._states_to_forward_prefetch:
-            self.saved.append(state._states_to_forward_prefetch)
+        prefetch = private.forward_prefetch_states(self.module)
+        if prefetch:
+            self.saved.append(prefetch)
             # The public setter validates its argument; an empty list is always valid.
             self.module.set_modules_to_forward_prefetch([])
             self.suppressed += 1
@@ -91,7 +87,7 @@ class _RecomputeRule:
             return
         prefetch = self.saved.pop()
         if prefetch is not None:
-            self.module._get_fsdp_state()._states_to_forward_prefetch = prefetch
+            private.restore_forward_prefetch_states(self.module, prefetch)
 
 
 def install_recompute_rule(module: FSDPModule) -> _RecomputeRule:
