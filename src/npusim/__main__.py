@@ -1,4 +1,4 @@
-"""``python -m npusim``: demo, benchmarks, conformance probe and the FSDP2 patch audit."""
+"""``python -m npusim``: the command line (``npusim.tools.cli``: demo, benchmarks, audit, ...)."""
 
 from npusim.tools.cli import main
 

@@ -104,15 +104,15 @@ PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
   m.def("empty_cache", &npusim::empty_cache);
 
   // timing model
-  m.def("set_timing_model", [](double copy_bytes_per_us, double launch_latency_us, double link_bytes_per_us) {
+  m.def("set_timing_model", [](double copy_gbps, double launch_us, double link_gbps) {
     auto& t = npusim::timing_model();
-    t.copy_bytes_per_us = copy_bytes_per_us;
-    t.launch_latency_us = launch_latency_us;
-    t.link_bytes_per_us = link_bytes_per_us;
+    t.copy_gbps = copy_gbps;
+    t.launch_us = launch_us;
+    t.link_gbps = link_gbps;
   });
   m.def("timing_model", [] {
     auto& t = npusim::timing_model();
-    return py::make_tuple(t.copy_bytes_per_us.load(), t.launch_latency_us.load(), t.link_bytes_per_us.load());
+    return py::make_tuple(t.copy_gbps.load(), t.launch_us.load(), t.link_gbps.load());
   });
 
   // random numbers

@@ -43,10 +43,11 @@ void set_launch_blocking(bool blocking);
 // ---- timing model ---------------------------------------------------------
 
 // All zero (off) by default: tasks then take as long as the host work does.
+// The same fields and units as Python's npusim.timing.TimingModel.
 struct TimingModel {
-  std::atomic<double> copy_bytes_per_us{0.0};  // device copy bandwidth
-  std::atomic<double> launch_latency_us{0.0};  // per device task
-  std::atomic<double> link_bytes_per_us{0.0};  // collective link bandwidth
+  std::atomic<double> copy_gbps{0.0};  // device copy bandwidth, GB/s
+  std::atomic<double> launch_us{0.0};  // latency of each device task, microseconds
+  std::atomic<double> link_gbps{0.0};  // collective / cross-device link bandwidth, GB/s
 };
 TimingModel& timing_model();
 double copy_task_us(size_t bytes);

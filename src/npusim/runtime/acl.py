@@ -56,7 +56,7 @@ empty_cache: Callable[[], None] = C.empty_cache
 
 # ---- timing model -----------------------------------------------------------
 
-# (copy bytes/us, launch latency us, link bytes/us); all zero is off.
+# (copy_gbps, launch_us, link_gbps), the fields of npusim.timing.TimingModel; all zero is off.
 set_timing_model: Callable[[float, float, float], None] = C.set_timing_model
 timing_model: Callable[[], tuple[float, float, float]] = C.timing_model
 

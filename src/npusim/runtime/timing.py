@@ -14,9 +14,6 @@ from typing import NamedTuple
 from npusim import config
 from npusim.runtime import acl
 
-_BYTES_PER_US_PER_GBPS = 1e9 / 1e6
-
-
 class TimingModel(NamedTuple):
     copy_gbps: float = 0.0  # device copy bandwidth, GB/s (0: instantaneous)
     launch_us: float = 0.0  # latency of each device task
@@ -28,8 +25,7 @@ class TimingModel(NamedTuple):
 
 
 def get() -> TimingModel:
-    copy_bpus, launch_us, link_bpus = acl.timing_model()
-    return TimingModel(copy_bpus / _BYTES_PER_US_PER_GBPS, launch_us, link_bpus / _BYTES_PER_US_PER_GBPS)
+    return TimingModel(*acl.timing_model())
 
 
 def set(copy_gbps: float = 0.0, launch_us: float = 0.0, link_gbps: float = 0.0) -> TimingModel:  # noqa: A001
@@ -37,7 +33,7 @@ def set(copy_gbps: float = 0.0, launch_us: float = 0.0, link_gbps: float = 0.0) 
     for name, value in (("copy_gbps", copy_gbps), ("launch_us", launch_us), ("link_gbps", link_gbps)):
         if value < 0:
             raise ValueError(f"npusim timing model: {name} must be >= 0, got {value}")
-    acl.set_timing_model(copy_gbps * _BYTES_PER_US_PER_GBPS, launch_us, link_gbps * _BYTES_PER_US_PER_GBPS)
+    acl.set_timing_model(copy_gbps, launch_us, link_gbps)
     return get()
 
 
