@@ -14,6 +14,7 @@ from typing import NamedTuple
 from npusim import config
 from npusim.runtime import acl
 
+
 class TimingModel(NamedTuple):
     copy_gbps: float = 0.0  # device copy bandwidth, GB/s (0: instantaneous)
     launch_us: float = 0.0  # latency of each device task
