@@ -3,6 +3,8 @@
 # torch is installed first and pinned to the CPU build, so that nothing
 # resolves a (multi-GB) CUDA build of torch.
 
+SHELL := bash
+.SHELLFLAGS := -o pipefail -c
 PYTHON ?= $(shell command -v python3.11 || command -v python3)
 VENV ?= .venv
 PY := $(VENV)/bin/python
@@ -13,11 +15,16 @@ TORCH_SPEC := torch==2.13.0
 
 install: $(STAMP)
 
-$(STAMP): pyproject.toml
+CXX_SOURCES := $(wildcard src/npusim/csrc/*.cpp src/npusim/csrc/*.h src/npusim/csrc/distributed/*.cpp src/npusim/csrc/distributed/*.h)
+
+# Rebuilt when the C++ changes, so that tests and the demo never compile on import.
+$(STAMP): pyproject.toml setup.py $(CXX_SOURCES)
 	test -x $(PY) || $(PYTHON) -m venv $(VENV)
 	$(PY) -m pip install -q --upgrade "pip>=23"
 	$(PY) -m pip install -q $(TORCH_SPEC)
-	$(PY) -m pip install -q --no-build-isolation -e ".[test,plot]"
+	@echo "Building npusim's C++ extensions (once, at install; about a minute):"
+	$(PY) -m pip install -v --no-build-isolation -e ".[test,plot]" 2>&1 \
+	  | sed -unE 's/^ *(\[[0-9]+\/[0-9]+\]) .* -c (\S+\.cpp) .*/  \1 \2/p; /[Ee]rror|Successfully installed/p'
 	touch $(STAMP)
 
 demo: $(STAMP)

@@ -145,6 +145,8 @@ PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
   m.def("memcpy_batch", &npusim::memcpy_batch, py::arg("dsts"), py::arg("srcs"), py::arg("timeout_s") = -1.0,
       release());
   m.def("same_byte_layouts", &npusim::same_byte_layouts);
+  m.def("foreach_copy_fast", &npusim::foreach_copy_fast, release());
+  m.def("dtype_mask", &npusim::dtype_mask);
   m.def("memcpy_batch_async", &npusim::memcpy_batch_async, release());
   m.def("can_use_fast_route", &npusim::can_use_fast_route);
   m.def("check_foreach_api_restrictions", &npusim::check_foreach_api_restrictions);

@@ -152,6 +152,30 @@ void memcpy_batch_async(const std::vector<at::Tensor>& dsts, const std::vector<a
   }
 }
 
+static_assert(static_cast<int>(c10::ScalarType::NumOptions) <= 63, "ScalarType no longer fits a mask");
+
+int64_t dtype_mask(const std::vector<at::ScalarType>& dtypes) {
+  int64_t mask = 0;
+  for (const at::ScalarType t : dtypes) {
+    mask |= int64_t{1} << static_cast<int>(t);
+  }
+  return mask;
+}
+
+int64_t foreach_copy_fast(const std::vector<at::Tensor>& self, const std::vector<at::Tensor>& src, bool nd_out,
+    int64_t fast_dtypes, bool wait, double timeout_s) {
+  at::native::check_foreach_api_restrictions(self, src);
+  if (!nd_out || !at::native::can_use_fast_route(self, src)) {
+    return -1;
+  }
+  // can_use_fast_route puts every tensor on one device; that may be the host
+  // (a host-only dtype group of a mixed list), which the device kernel cannot copy.
+  if (src[0].device().type() != kNpu || ((fast_dtypes >> static_cast<int>(src[0].scalar_type())) & 1) == 0) {
+    return 0;
+  }
+  return launch_foreach_copy(self, src, wait, timeout_s);
+}
+
 bool can_use_fast_route(const std::vector<at::Tensor>& self, const std::vector<at::Tensor>& src) {
   return at::native::can_use_fast_route(self, src);
 }

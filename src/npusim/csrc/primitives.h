@@ -28,6 +28,17 @@ void memcpy_batch(const std::vector<at::Tensor>& dsts, const std::vector<at::Ten
 // destination makes the call wait for the task (as for copy_).
 void memcpy_batch_async(const std::vector<at::Tensor>& dsts, const std::vector<at::Tensor>& srcs);
 
+// The fast route in one native call (the op plugin's hot path): upstream's
+// argument checks, then PyTorch's predicate with the profile's flags. Returns
+// the chunk count when the fast kernel ran (launch_foreach_copy), 0 when the
+// predicate holds but the kernel cannot take the lists (a dtype outside
+// `fast_dtypes`, a ScalarType bit mask, or host tensors), -1 when it does not.
+int64_t foreach_copy_fast(const std::vector<at::Tensor>& self, const std::vector<at::Tensor>& src, bool nd_out,
+    int64_t fast_dtypes, bool wait, double timeout_s);
+
+// The bit mask of ScalarTypes foreach_copy_fast takes.
+int64_t dtype_mask(const std::vector<at::ScalarType>& dtypes);
+
 // PyTorch's own fast-route predicate over a whole list pair.
 bool can_use_fast_route(const std::vector<at::Tensor>& self, const std::vector<at::Tensor>& src);
 

@@ -4,7 +4,7 @@
 ``dist.init_process_group()`` (no backend: the accelerator's default),
 ``init_process_group("hccl")`` and ``init_device_mesh("npu", ...)`` route npu
 tensors to it. The backend itself is C++ (``csrc/distributed``, extension
-``npusim_dist_C``, built on first use): a ``c10d::Backend`` that moves data
+``npusim_dist_C``, built at install): a ``c10d::Backend`` that moves data
 through an internal ``ProcessGroupGloo`` over CPU views of device memory and
 orders collectives like NCCL (see Note [Comm stream] in comm_stream.cpp).
 """
@@ -22,8 +22,6 @@ from npusim.runtime import acl
 
 BACKEND_NAME = "hccl"
 DEVICE_TYPE = "npu"
-SOURCES = ("distributed/comm_stream.cpp", "distributed/work.cpp", "distributed/backend.cpp",
-           "distributed/module.cpp")
 
 # At exit, wait this long for comm streams to drop the tensors of finished
 # collectives (that takes the GIL, which aborts a finalizing interpreter).
@@ -36,7 +34,7 @@ def load() -> ModuleType:
     """Builds (once) and loads the backend extension, wired to the device core."""
     global _extension
     if _extension is None:
-        ext = load_extension("npusim_dist_C", SOURCES)
+        ext = load_extension("npusim_dist_C")
         # Extensions are loaded RTLD_LOCAL: the backend reaches the core's
         # runtime through this table, not through linked symbols.
         ext.set_core_api(acl.core_api_capsule())

@@ -154,18 +154,27 @@ def foreach_copy_(self: list[torch.Tensor], src: list[torch.Tensor], non_blockin
     bool non_blocking=False) -> ()``: same argument errors, results and version-counter
     bumps (one per destination) as upstream; routes per docs/SPEC.md 4.1."""
     profile = profiles.get_profile()
-    # Also first on the compat route: upstream's slow kernel, which DO_COMPATIBILITY
-    # falls back to, begins with the same checks.
-    acl.check_foreach_api_restrictions(self, src)
     if not profile.foreach_copy_kernel:
+        # Upstream's slow kernel, which DO_COMPATIBILITY falls back to, begins with the same checks.
+        acl.check_foreach_api_restrictions(self, src)
         _slow(self, src, non_blocking)
         if _trace._active:
             group = GroupRecord("compat", len(self), 0, non_blocking, None)
             _trace.emit(CallRecord((group,), non_blocking, _mode))
         return
+    # One native call for the common case: upstream's checks, PyTorch's predicate
+    # with the profile's flags and, when the route is fast, the launch.
+    passed = True if _mode == "aligned" else non_blocking
+    chunks = acl.foreach_copy_fast(self, src, profile.nd_out, profile.fast_dtype_mask, not passed,
+                                   profile.sync_timeout_s)
+    if chunks > 0:
+        if _trace._active:
+            group = GroupRecord("fast", len(self), chunks, passed, src[0].dtype)
+            _trace.emit(CallRecord((group,), non_blocking, _mode))
+        return
     # can_use_fast_route implies one dtype across both lists, so the common case
     # needs no per-tensor dtype scan in Python.
-    fast_route = profile.nd_out and acl.can_use_fast_route(self, src)
+    fast_route = chunks == 0
     dtype = src[0].dtype
     if fast_route or all(s.dtype == dtype for s in src):
         route, chunks, passed = _process(self, src, non_blocking, profile, fast_route)

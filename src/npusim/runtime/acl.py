@@ -41,12 +41,6 @@ synchronize_device: Callable[[int], None] = C.synchronize_device
 synchronize_all: Callable[[], None] = C.synchronize_all
 
 
-def synchronize_current_stream(device: int, timeout_s: float = -1.0) -> None:
-    """aclrtSynchronizeStream on the current stream of ``device``."""
-    stream_id, index, _ = C.current_stream(device)
-    C.synchronize_stream(stream_id, index, timeout_s)
-
-
 # ---- memory (aclrtGetMemInfo, ...) ------------------------------------------
 
 memory_stats: Callable[[int], dict[str, int]] = C.memory_stats
@@ -82,6 +76,12 @@ memcpy_batch: Callable[[TensorList, TensorList, float], None] = C.memcpy_batch
 memcpy_batch_async: Callable[[TensorList, TensorList], None] = C.memcpy_batch_async
 # Whether every pair has the same byte layout (host_transfer.h: same_byte_layout).
 same_byte_layouts: Callable[[TensorList, TensorList], bool] = C.same_byte_layouts
+# The op plugin's hot path in one call: (self, src, nd_out, fast dtype mask, wait, timeout_s) -> chunks when
+# the fast kernel ran, 0 when PyTorch's predicate holds but the kernel cannot take the lists, -1 when it does
+# not hold; upstream's argument checks run first (primitives.h: foreach_copy_fast).
+foreach_copy_fast: Callable[[TensorList, TensorList, bool, int, bool, float], int] = C.foreach_copy_fast
+# The ScalarType bit mask of a set of dtypes, for foreach_copy_fast.
+dtype_mask: Callable[[Sequence[torch.dtype]], int] = C.dtype_mask
 # PyTorch's own at::native::can_use_fast_route and check_foreach_api_restrictions.
 can_use_fast_route: Callable[[TensorList, TensorList], bool] = C.can_use_fast_route
 check_foreach_api_restrictions: Callable[[TensorList, TensorList], None] = C.check_foreach_api_restrictions

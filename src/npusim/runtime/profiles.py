@@ -11,6 +11,7 @@ and override single flags, through the API or the environment::
 from __future__ import annotations
 
 import dataclasses
+import functools
 from collections.abc import Iterator
 from contextlib import contextmanager
 
@@ -40,6 +41,13 @@ class Profile:
     @property
     def fast_dtypes(self) -> frozenset[torch.dtype]:
         return _BASE_FAST_DTYPES | _CANN_810_DTYPES if self.cann_ge_810rc1 else _BASE_FAST_DTYPES
+
+    @functools.cached_property
+    def fast_dtype_mask(self) -> int:
+        """``fast_dtypes`` as the bit mask the native fast path takes (computed once per profile)."""
+        from npusim.runtime import acl
+
+        return acl.dtype_mask(sorted(self.fast_dtypes, key=str))
 
     def memcpy_batch_available(self, non_blocking: bool) -> bool:
         return self.memcpy_batch_async if non_blocking else self.memcpy_batch

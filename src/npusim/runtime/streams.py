@@ -36,7 +36,7 @@ class Stream(torch.Stream):
 
     def synchronize(self, timeout_s: float | None = None) -> None:
         """Waits for the stream; with ``timeout_s`` raises if it is not idle in time."""
-        acl.synchronize_stream(self.stream_id, self.device_index, -1.0 if timeout_s is None else timeout_s)
+        synchronize_stream(self, timeout_s)
 
     def __repr__(self) -> str:
         return f"<torch.npu.Stream device=npu:{self.device_index} stream_id={self.stream_id}>"

@@ -1,0 +1,219 @@
+"""``python -m npusim bench sim-cost``: what running on the simulated npu costs next to CPU.
+
+One run measures, side by side, each row of the "simulation at CPU speed"
+table (docs/BENCHMARKS.md), with ``torch.utils.benchmark`` (warm-up,
+``blocked_autorange``, medians):
+
+- ``_foreach_copy_`` fast path host time against CPU-native
+  ``torch._foreach_copy_`` on lists of the same sizes (10 and 1000 tensors of
+  4 KiB). Host time: the call returns once the device copies are queued; the
+  stream worker runs them meanwhile, as a device would;
+- the per-op cost of ``a.add(b)`` on 64 floats;
+- a training step of the demo model (TinyTransformer, dim 64) with the
+  default number of threads and with one;
+- the first ``import npusim`` and the first process group of a fresh process.
+
+The FSDP2 step (npu+hccl vs CPU+gloo) has its own benchmark, ``bench fsdp-step``.
+"""
+
+from __future__ import annotations
+
+import argparse
+import copy
+import json
+import os
+import subprocess
+import sys
+import time
+from collections.abc import Callable
+from pathlib import Path
+from typing import NamedTuple
+
+import torch
+from torch.utils import benchmark
+
+
+class Row(NamedTuple):
+    what: str
+    npu: float  # median, in `unit`
+    cpu: float
+    unit: str
+    goal: float  # npu / cpu at most
+
+    @property
+    def ratio(self) -> float:
+        return self.npu / self.cpu
+
+
+def add_arguments(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument("--min-run-time", type=float, default=1.0,
+                        help="seconds of blocked_autorange per measurement (default 1)")
+    parser.add_argument("--skip-startup", action="store_true", help="skip the fresh-process start-up rows")
+
+
+def _progress(step: int, total: int, what: str) -> None:
+    print(f"[{step}/{total}] {what}", flush=True)
+
+
+def _median_us(fn: Callable[[], object], label: str, sub_label: str, description: str, min_run_time: float,
+               num_threads: int = 1) -> benchmark.Measurement:
+    timer = benchmark.Timer(stmt="fn()", globals={"fn": fn}, label=label, sub_label=sub_label,
+                            description=description, num_threads=num_threads)
+    timer.timeit(3)  # warm-up: first-call paths, allocations
+    return timer.blocked_autorange(min_run_time=min_run_time)
+
+
+def _foreach_copy_rows(n: int, min_run_time: float) -> tuple[Row, list[benchmark.Measurement]]:
+    from npusim.ops import trace_foreach_copy
+
+    numel = 1024  # float32: 4 KiB per tensor
+    dst = [torch.empty(numel, device="npu") for _ in range(n)]
+    src = [torch.rand(numel, device="npu") for _ in range(n)]
+    cpu_dst = [torch.empty(numel) for _ in range(n)]
+    cpu_src = [torch.rand(numel) for _ in range(n)]
+    with trace_foreach_copy() as calls:
+        torch._foreach_copy_(dst, src)
+    assert calls[0].routes == ("fast",), calls[0].routes
+    torch.npu.synchronize()
+    label = "_foreach_copy_ host time"
+    npu = _median_us(lambda: torch._foreach_copy_(dst, src), label, f"{n} x 4 KiB", "npu fast path", min_run_time)
+    torch.npu.synchronize()
+    cpu = _median_us(lambda: torch._foreach_copy_(cpu_dst, cpu_src), label, f"{n} x 4 KiB", "CPU native",
+                     min_run_time)
+    goal = 0.5 if n >= 1000 else 2.0
+    return Row(f"_foreach_copy_ fast path, {n} tensors of 4 KiB", npu.median * 1e6, cpu.median * 1e6, "us",
+               goal), [npu, cpu]
+
+
+def _add_row(min_run_time: float) -> tuple[Row, list[benchmark.Measurement]]:
+    a, b = torch.randn(64), torch.randn(64)
+    an, bn = a.to("npu"), b.to("npu")
+    torch.npu.synchronize()
+    npu = _median_us(lambda: an.add(bn), "per-op cost", "a.add(b), 64 floats", "npu", min_run_time)
+    cpu = _median_us(lambda: a.add(b), "per-op cost", "a.add(b), 64 floats", "CPU", min_run_time)
+    return Row("per-op cost, a.add(b) on 64 floats", npu.median * 1e6, cpu.median * 1e6, "us", 1.3), [npu, cpu]
+
+
+def _train_step_fn(device: str) -> Callable[[], float]:
+    from npusim.tools.demo import SEQ, VOCAB, demo_model
+
+    torch.manual_seed(0)
+    model = copy.deepcopy(demo_model()).to(device)
+    opt = torch.optim.AdamW(model.parameters(), lr=1e-3)
+    gen = torch.Generator().manual_seed(0)
+    tokens = torch.randint(0, VOCAB, (8, SEQ), generator=gen)
+    x, y = tokens.to(device), tokens.roll(-1, 1).flatten().to(device)
+
+    def step() -> float:
+        loss = torch.nn.functional.cross_entropy(model(x).flatten(0, 1), y)
+        opt.zero_grad()
+        loss.backward()
+        opt.step()
+        return loss.item()  # waits for the device, as a training loop's logging does
+
+    return step
+
+
+def _train_rows(min_run_time: float) -> tuple[list[Row], list[benchmark.Measurement]]:
+    rows, measurements = [], []
+    default_threads = torch.get_num_threads()
+    for threads in sorted({default_threads, 1}, reverse=True):
+        npu_step, cpu_step = _train_step_fn("npu"), _train_step_fn("cpu")
+        sub = f"TinyTransformer dim 64, {threads} thread(s)"
+        npu = _median_us(npu_step, "training step", sub, "npu", min_run_time, num_threads=threads)
+        cpu = _median_us(cpu_step, "training step", sub, "CPU", min_run_time, num_threads=threads)
+        torch.set_num_threads(default_threads)
+        rows.append(Row(f"demo model training step, {threads} thread(s)", npu.median * 1e3, cpu.median * 1e3,
+                        "ms", 1.1))
+        measurements += [npu, cpu]
+    return rows, measurements
+
+
+_STARTUP_CODE = """
+import time
+t0 = time.perf_counter()
+import torch
+t1 = time.perf_counter()
+import npusim
+t2 = time.perf_counter()
+import torch.distributed as dist
+dist.init_process_group("hccl", store=dist.HashStore(), rank=0, world_size=1, device_id=torch.device("npu", 0))
+dist.all_reduce(torch.ones(1, device="npu"))
+t3 = time.perf_counter()
+dist.destroy_process_group()
+print(t1 - t0, t2 - t1, t3 - t2)
+"""
+
+
+def _startup_seconds() -> tuple[float, float, float]:
+    """(import torch, import npusim, first process group + collective) of a fresh process, seconds."""
+    env = {k: v for k, v in os.environ.items() if k != "NPUSIM_BUILD_DIR"}
+    out = subprocess.run([sys.executable, "-c", _STARTUP_CODE], capture_output=True, text=True, timeout=600,
+                         env=env, check=True)
+    torch_s, npusim_s, pg_s = (float(v) for v in out.stdout.split())
+    return torch_s, npusim_s, pg_s
+
+
+def run(args: argparse.Namespace) -> int:
+    import npusim  # noqa: F401  (registers the npu device)
+
+    total = 5 if args.skip_startup else 6
+    rows: list[Row] = []
+    measurements: list[benchmark.Measurement] = []
+    for step, n in enumerate((1000, 10), start=1):
+        _progress(step, total, f"_foreach_copy_ fast path vs CPU native, {n} tensors")
+        row, ms = _foreach_copy_rows(n, args.min_run_time)
+        rows.append(row)
+        measurements += ms
+    _progress(3, total, "per-op cost, a.add(b)")
+    row, ms = _add_row(args.min_run_time)
+    rows.append(row)
+    measurements += ms
+    _progress(4, total, "demo model training step, default threads and 1 thread")
+    train_rows, ms = _train_rows(args.min_run_time)
+    rows += train_rows
+    measurements += ms
+    startup = None
+    if not args.skip_startup:
+        _progress(6, total, "fresh process: import npusim, first process group")
+        begin = time.perf_counter()
+        startup = _startup_seconds()
+        print(f"      (fresh process took {time.perf_counter() - begin:.1f} s)")
+    _progress(total, total, "done")
+    benchmark.Compare(measurements).print()
+    print(f"\n{'what':<52}{'npu':>10}{'cpu':>10}  unit{'npu/cpu':>9}{'goal':>7}")
+    for r in rows:
+        print(f"{r.what:<52}{r.npu:>10.2f}{r.cpu:>10.2f}  {r.unit:<4}{r.ratio:>9.2f}{'<=' + str(r.goal):>7}")
+    if startup is not None:
+        print(f"\nfresh process: import torch {startup[0]:.2f} s, then import npusim {startup[1]:.2f} s (goal <= 2), "
+              f"first process group + all_reduce {startup[2]:.2f} s (goal <= 2)")
+    out = Path(args.out)
+    out.mkdir(parents=True, exist_ok=True)
+    result = {"rows": [r._asdict() | {"ratio": r.ratio} for r in rows], "threads": torch.get_num_threads(),
+              "startup_s": startup}
+    (out / "sim_cost.json").write_text(json.dumps(result, indent=1))
+    _plot(rows, out / "sim_cost.png")
+    return 0
+
+
+def _plot(rows: list[Row], path: Path) -> None:
+    try:
+        import matplotlib
+
+        matplotlib.use("Agg")
+        import matplotlib.pyplot as plt
+    except ImportError:
+        print("matplotlib not installed: no plot")
+        return
+    fig, ax = plt.subplots(figsize=(8, 0.6 * len(rows) + 1.2))
+    names = [r.what for r in rows]
+    ax.barh(names, [r.ratio for r in rows], color="#4c72b0", label="npu / CPU (measured)")
+    ax.scatter([r.goal for r in rows], names, color="#c44e52", marker="|", s=400, label="goal")
+    ax.axvline(1.0, color="grey", lw=0.8)
+    ax.invert_yaxis()
+    ax.set_xlabel("npu / CPU (lower is better)")
+    ax.set_title("npusim: cost of the simulated npu next to CPU")
+    ax.legend(loc="lower right")
+    fig.tight_layout()
+    fig.savefig(path, dpi=110)
+    print(f"plot: {path}")
