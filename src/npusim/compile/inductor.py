@@ -34,6 +34,21 @@ the current stream's earlier work. A compiled region keeps that contract:
   CUDA); ``torch.npu.stream(s)`` inside the compiled function graph-breaks,
   see Note [npu streams inside a compiled region].
 
+Note [Where inductor reads cpu as the C++ backend]
+--------------------------------------------------
+Inductor pairs "cpu" with its C++ backend and every other device with a SIMD
+(Triton-like) one in a few places that are not behind the scheduling it is
+given. Left alone, npu graphs crash in fusion (the scheduler's loop reordering
+and reindexing take a C++ node's ``group`` for a SIMD one and fail with
+"can't multiply sequence by non-int of type 'tuple'") and the C++ codegen's
+dtype propagation follows Triton's rules. So :func:`register_inductor_backend`
+widens exactly those two questions to the npu: ``BaseSchedulerNode.is_cpu``
+(used only by the three fusion heuristics that skip C++ nodes) and
+``get_current_backend`` (returns ``"cpp"`` for the npu). Other ``"cpu"``
+tests in inductor pick heuristics (reduction splitting, pad-as-cat, the
+cat kernel) and stay as for a GPU: they change kernel shapes, not results.
+These are inductor internals, checked against torch 2.13.
+
 Not supported, with an error naming it: inductor's C++ wrapper
 (``cpp_wrapper=True``, AOTInductor) on the npu.
 """
@@ -169,3 +184,39 @@ def register_inductor_backend() -> None:
     register_backend_for_device("npu", CppScheduling, NpuPythonWrapperCodegen, UnsupportedCppWrapper,
                                 device_custom_pass=NpuCodegenKey())
     register_device_op_overrides("npu", NpuDeviceOpOverrides())
+    _treat_npu_as_cpp_device()
+
+
+# ---- where inductor reads "cpu" as "the C++ backend" ------------------------
+
+_CPP_DEVICES = frozenset({"cpu", "npu"})
+
+
+def _is_cpp_node(self: Any) -> bool:
+    device = self.get_device()
+    return device is not None and device.type in _CPP_DEVICES
+
+
+def _cpp_aware(get_current_backend: Any) -> Any:
+    def get_current_backend_npu(device_type: str | None = None) -> str:
+        if not device_type:
+            device_type = V.graph.get_current_device_or_throw().type
+        return "cpp" if device_type == "npu" else get_current_backend(device_type)
+
+    get_current_backend_npu.__wrapped__ = get_current_backend  # type: ignore[attr-defined]
+    return get_current_backend_npu
+
+
+def _treat_npu_as_cpp_device() -> None:
+    """See Note [Where inductor reads cpu as the C++ backend]."""
+    import sys
+
+    from torch._inductor import scheduler
+
+    scheduler.BaseSchedulerNode.is_cpu = _is_cpp_node  # type: ignore[method-assign]
+    # Modules that imported the function by name hold their own reference; later importers get the wrapper.
+    for name in ("torch._inductor.utils", "torch._inductor.codegen.common", "torch._inductor.kernel.mm_common"):
+        module = sys.modules.get(name)
+        current = getattr(module, "get_current_backend", None)
+        if current is not None and not hasattr(current, "__wrapped__"):
+            module.get_current_backend = _cpp_aware(current)  # type: ignore[union-attr]
