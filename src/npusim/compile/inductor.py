@@ -46,7 +46,8 @@ widens exactly those two questions to the npu: ``BaseSchedulerNode.is_cpu``
 (used only by the three fusion heuristics that skip C++ nodes) and
 ``get_current_backend`` (returns ``"cpp"`` for the npu). Other ``"cpu"``
 tests in inductor pick heuristics (reduction splitting, pad-as-cat, the
-cat kernel) and stay as for a GPU: they change kernel shapes, not results.
+cat kernel, small-mm decompositions) and stay as for a GPU: they change how
+the work is split into kernels (and so rounding), not what is computed.
 These are inductor internals, checked against torch 2.13.
 
 Not supported, with an error naming it: inductor's C++ wrapper
