@@ -190,6 +190,23 @@ def foreach_copy_(self: list[torch.Tensor], src: list[torch.Tensor], non_blockin
         _trace.emit(CallRecord(tuple(records), non_blocking, _mode))
 
 
+def foreach_copy(self: list[torch.Tensor], src: list[torch.Tensor], non_blocking: bool = False
+                 ) -> list[torch.Tensor]:
+    """The PrivateUse1 kernel of the functional ``aten::_foreach_copy``: fresh tensors
+    like ``self`` filled by :func:`foreach_copy_`, so the same routes apply.
+
+    Functionalization (``torch.compile``'s AOT tracing) turns ``_foreach_copy_``
+    into this op; without this kernel its composite would copy pair by pair and a
+    compiled graph that is not lowered by inductor (``aot_eager``, a fallback)
+    would never reach the npu kernel. The outputs are fully overwritten (same
+    sizes, or ``src`` broadcast as by ``copy_``), so they need not start as clones.
+    """
+    out = [torch.empty_like(t) for t in self]
+    foreach_copy_(out, src, non_blocking)
+    return out
+
+
 # A PrivateUse1 kernel takes precedence over the CompositeExplicitAutograd slow kernel.
 _lib = torch.library.Library("aten", "IMPL")  # module-level: the registration lives as long as it does
 _lib.impl("_foreach_copy_", foreach_copy_, "PrivateUse1")
+_lib.impl("_foreach_copy", foreach_copy, "PrivateUse1")

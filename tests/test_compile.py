@@ -1,0 +1,351 @@
+"""torch.compile (default inductor backend) on the npu: compiled results equal eager ones,
+compiled code runs in stream order, allocates npu memory, honours the device, and the
+``_foreach_copy_`` of FSDP2's copy-in takes a stated path.
+
+Compiling is slow here (each C++ kernel is a g++ run), so the file keeps the number of
+distinct graphs small: tests share compiled functions, and the FSDP2 ranks compile the same
+transformer block (same shapes) as the single-process test, so inductor's on-disk cache serves
+the C++ kernels they share. Cold-cache run: 315 s on the 2-core VM at load average 21 (80 s of CPU).
+"""
+
+from __future__ import annotations
+
+import copy
+import subprocess
+import sys
+
+import pytest
+import torch
+import torch._dynamo
+import torch.nn as nn
+import torch.nn.functional as F  # noqa: N812
+from torch._inductor.utils import run_and_get_code
+from torch.testing import assert_close
+
+import npusim
+from npusim.runtime import acl
+from npusim.testing.models import TinyTransformer
+from npusim.testing.ranks import run_ranks
+
+MIB = 1 << 20
+# Inductor's fused kernels sum in another order than eager's; fp32 losses agree to about 1e-6.
+LOSS_TOL = {"rtol": 1e-4, "atol": 1e-5}
+PARAM_TOL = {"rtol": 1e-4, "atol": 1e-4}
+
+
+def _pointwise(x: torch.Tensor) -> torch.Tensor:
+    return x * 2 + 1
+
+
+# One compiled pointwise function for the stream-order and device tests.
+_compiled_pointwise = torch.compile(_pointwise)
+
+
+def test_import_does_not_load_dynamo():
+    """``import npusim`` registers torch.compile support without importing torch._dynamo."""
+    code = "import sys, npusim; print('torch._dynamo' in sys.modules, 'torch._inductor' in sys.modules)"
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120, check=True)
+    assert out.stdout.split() == ["False", "False"]
+
+
+def test_registered_with_dynamo_and_inductor():
+    """The npu has a dynamo device interface and an inductor scheduling, wrapper and op overrides."""
+    from torch._dynamo.device_interface import get_interface_for_device
+    from torch._inductor.codegen.common import get_device_op_overrides, get_wrapper_codegen_for_device
+
+    from npusim.compile.device_interface import NpuInterface
+    from npusim.compile.inductor import NpuDeviceOpOverrides, NpuPythonWrapperCodegen
+
+    assert get_interface_for_device("npu") is NpuInterface
+    assert get_interface_for_device("npu:1") is NpuInterface
+    assert NpuInterface.current_stream() == torch.npu.current_stream()
+    assert NpuInterface.Worker.get_device_properties(1).multi_processor_count >= 1
+    assert get_wrapper_codegen_for_device("npu") is NpuPythonWrapperCodegen
+    assert isinstance(get_device_op_overrides("npu"), NpuDeviceOpOverrides)
+
+
+def test_mlp_forward_matches_eager_and_allocates_npu_memory():
+    """A compiled MLP gives the eager output; its output and temporaries are npu memory, counted."""
+    torch.manual_seed(0)
+    mlp = nn.Sequential(nn.Linear(64, 256), nn.GELU(), nn.Linear(256, 32)).to("npu")
+    x = torch.randn(128, 64, device="npu")
+    compiled = torch.compile(mlp)
+    with torch.no_grad():  # nothing saved for backward: only the output outlives the call
+        compiled(x)  # compile outside the measurement
+        torch.npu.synchronize()
+        before = torch.npu.memory_allocated()
+        torch.npu.reset_peak_memory_stats()
+        out = compiled(x)
+        torch.npu.synchronize()
+    assert out.device == torch.device("npu", 0)
+    assert torch.npu.memory_allocated() - before == out.untyped_storage().nbytes()
+    hidden = 128 * 256 * 4  # the (128, 256) activation: a temporary buffer of the region
+    assert torch.npu.max_memory_allocated() - before >= out.untyped_storage().nbytes() + hidden
+    with torch.no_grad():
+        assert_close(out.cpu(), mlp(x).cpu(), rtol=1e-5, atol=1e-5)
+
+
+def _reductions_and_views(x: torch.Tensor) -> tuple[torch.Tensor, ...]:
+    y = x.t().reshape(4, -1)[:, 1:]
+    return y.sum(0), y.amax(1), x.var(0), torch.cat([x, x * 2], 1).view(-1)[::3], x.cumsum(1).argmax(0)
+
+
+def test_reductions_and_views_match_eager():
+    """Transposes, reshapes, slices, cat and reductions give the eager results."""
+    x = torch.randn(8, 6, device="npu")
+    for got, want in zip(torch.compile(_reductions_and_views)(x), _reductions_and_views(x), strict=True):
+        assert got.device.type == "npu"
+        assert_close(got.cpu(), want.cpu(), rtol=1e-5, atol=1e-5)
+
+
+def _softmax_scaled(x: torch.Tensor) -> torch.Tensor:
+    return (x.softmax(-1) * x.shape[0]).sum(0)
+
+
+def test_dynamic_shapes_compile_once():
+    """``dynamic=True``: three batch sizes, one compiled frame, eager results."""
+    counter = torch._dynamo.testing.CompileCounterWithBackend("inductor")
+    compiled = torch.compile(_softmax_scaled, dynamic=True, backend=counter)
+    for rows in (3, 5, 9):
+        x = torch.randn(rows, 4, device="npu")
+        assert_close(compiled(x).cpu(), _softmax_scaled(x).cpu(), rtol=1e-5, atol=1e-5)
+    assert counter.frame_count == 1
+
+
+def _autocast_mlp(x: torch.Tensor, w1: torch.Tensor, w2: torch.Tensor) -> torch.Tensor:
+    with torch.autocast("npu", dtype=torch.bfloat16):
+        return F.linear(F.linear(x, w1).relu(), w2)
+
+
+def test_autocast_bf16_matches_eager():
+    """Under ``torch.autocast("npu", bfloat16)`` the compiled region computes in bf16 as eager does."""
+    torch.manual_seed(0)
+    x, w1, w2 = (torch.randn(*s, device="npu") for s in ((16, 32), (64, 32), (8, 64)))
+    got = torch.compile(_autocast_mlp)(x, w1, w2)
+    want = _autocast_mlp(x, w1, w2)
+    assert got.dtype == want.dtype == torch.bfloat16
+    assert_close(got.float().cpu(), want.float().cpu(), rtol=2e-2, atol=2e-2)
+
+
+def _queue_slow_h2d(x: torch.Tensor, host: torch.Tensor) -> None:
+    x.copy_(host, non_blocking=True)  # pinned source: the stream reads it later, slowly
+    assert torch.npu.current_stream().pending() >= 1, "the copy should still be queued"
+
+
+def test_compiled_region_waits_for_queued_copies(monkeypatch):
+    """A compiled region reads its input only after a slow H2D (and D2D) copy queued before it lands;
+    with the wait removed it would read the old bytes (the check is meaningful)."""
+    host = torch.arange(MIB, dtype=torch.float32).pin_memory()
+    expected = _pointwise(host)
+    x = torch.zeros(MIB, device="npu")
+    _compiled_pointwise(x)  # compile outside the timing model
+    torch.npu.synchronize()
+    # 0.05 GB/s: the 4 MiB copy occupies the stream for about 84 ms.
+    with npusim.timing.model(copy_gbps=0.05):
+        _queue_slow_h2d(x, host)
+        out = _compiled_pointwise(x)
+        torch.npu.synchronize()
+        assert torch.equal(out.cpu(), expected)
+
+        src = torch.full((MIB,), 3.0, device="npu")
+        torch.npu.synchronize()
+        x.copy_(src)  # same-device D2D: always enqueued
+        out = _compiled_pointwise(x)
+        torch.npu.synchronize()
+        assert torch.equal(out.cpu(), torch.full((MIB,), 7.0))
+
+        x.zero_()
+        torch.npu.synchronize()
+        monkeypatch.setattr(acl, "synchronize_current_stream", lambda device, timeout_s=-1.0: None)
+        _queue_slow_h2d(x, host)
+        stale = _compiled_pointwise(x)
+        torch.npu.synchronize()
+    assert not torch.equal(stale.cpu(), expected), "without the wait the kernel should have read the zeros"
+
+
+def test_honours_input_device_not_current_device():
+    """Inputs on npu:1 with npu:0 current: outputs are allocated and counted on npu:1."""
+    x = torch.randn(1024, device="npu:1")
+    before = [torch.npu.memory_allocated(i) for i in (0, 1)]
+    out = _compiled_pointwise(x)
+    torch.npu.synchronize(1)
+    assert out.device == torch.device("npu", 1)
+    assert torch.npu.current_device() == 0
+    assert torch.npu.memory_allocated(0) == before[0]
+    assert torch.npu.memory_allocated(1) - before[1] == out.untyped_storage().nbytes()
+    assert torch.equal(out.cpu(), _pointwise(x.cpu()))
+
+
+def test_out_of_memory_in_compiled_region_is_the_npu_error():
+    """A compiled region's allocation over the device's capacity raises torch.OutOfMemoryError naming
+    the npu, and the process goes on."""
+    x = torch.zeros(MIB, device="npu")
+    _compiled_pointwise(x)  # compiled outside the cap
+    torch.npu.synchronize()
+    torch.npu.set_memory_capacity(torch.npu.memory_reserved() + MIB)  # less than the 4 MiB output
+    with pytest.raises(torch.OutOfMemoryError, match="npu"):
+        _compiled_pointwise(x)
+    torch.npu.set_memory_capacity(None)
+    assert torch.equal(_compiled_pointwise(x).cpu(), torch.ones(MIB))
+
+
+def test_waits_on_the_current_stream_of_the_call():
+    """Called under ``torch.npu.stream(s)``, the compiled region waits for work queued on ``s``."""
+    host = torch.arange(MIB, dtype=torch.float32).pin_memory()
+    x = torch.zeros(MIB, device="npu")
+    side = torch.npu.Stream()
+    torch.npu.synchronize()
+    with npusim.timing.model(copy_gbps=0.05), torch.npu.stream(side):
+        _queue_slow_h2d(x, host)
+        out = _compiled_pointwise(x)
+        side.synchronize()
+    assert torch.equal(out.cpu(), _pointwise(host))
+
+
+def _with_side_stream(x: torch.Tensor, side: torch.Stream) -> torch.Tensor:
+    y = x + 1
+    with torch.npu.stream(side):
+        z = y * 2
+    return z
+
+
+def test_stream_context_inside_compiled_function():
+    """``torch.npu.stream(s)`` inside a compiled function runs eagerly (graph break) with eager results;
+    ``fullgraph=True`` rejects it with an error naming torch.npu.stream."""
+    side = torch.npu.Stream()
+    x = torch.randn(16, device="npu")
+    out = torch.compile(_with_side_stream)(x, side)
+    side.synchronize()
+    assert torch.equal(out.cpu(), (x.cpu() + 1) * 2)
+
+    def fullgraph_copy(x: torch.Tensor, side: torch.Stream) -> torch.Tensor:
+        return _with_side_stream(x, side)
+
+    with pytest.raises(torch._dynamo.exc.Unsupported, match=r"torch\.npu\.stream\(s\) block is not traced"):
+        torch.compile(fullgraph_copy, fullgraph=True)(x, side)
+
+
+def test_cpp_wrapper_is_rejected_clearly():
+    """Inductor's C++ wrapper is not supported on the npu: the error says so."""
+    x = torch.randn(8, device="npu")
+    with torch._inductor.config.patch(cpp_wrapper=True), \
+            pytest.raises(Exception, match="C\\+\\+ wrapper .* not supported on device 'npu'"):
+        torch.compile(lambda t: t.cos() + 1)(x)
+
+
+# ---- _foreach_copy_ (FSDP2's all-gather copy-in shape) ----------------------
+
+SIZES = [3, 5, 8]
+
+
+def _copy_in(flat: torch.Tensor, srcs: list[torch.Tensor]) -> torch.Tensor:
+    """As FSDP2's copy-in: split views of one flat buffer are the destinations."""
+    torch._foreach_copy_(list(torch.split(flat, SIZES)), srcs)
+    return flat.sum()
+
+
+def _copy_in_inputs(dtypes: tuple[torch.dtype, ...]) -> tuple[torch.Tensor, list[torch.Tensor], torch.Tensor]:
+    flat = torch.zeros(sum(SIZES), device="npu")
+    srcs = [(torch.arange(n, device="npu") + 10 * i).to(d) for i, (n, d) in enumerate(zip(SIZES, dtypes, strict=True))]
+    expected = torch.cat([s.cpu().float() for s in srcs])
+    return flat, srcs, expected
+
+
+def test_foreach_copy_is_lowered_by_inductor():
+    """Default backend: inductor lowers ``_foreach_copy_`` (mixed src dtypes) into its C++ kernel,
+    the eager npu kernel never runs, and the flat buffer holds the eager result."""
+    flat, srcs, expected = _copy_in_inputs((torch.float32, torch.int32, torch.bfloat16))
+    with npusim.ops.trace_foreach_copy() as calls:
+        total, (code,) = run_and_get_code(torch.compile(_copy_in), flat, srcs)
+    torch.npu.synchronize()
+    assert calls == []
+    body = code.split("def call(")[1]
+    assert "cpp_fused__foreach_copy" in body, "the copy should be a generated C++ kernel"
+    assert "aten._foreach_copy" not in body, "no fallback to the eager op"
+    assert torch.equal(flat.cpu(), expected)
+    assert total.item() == expected.sum().item()
+
+
+def test_foreach_copy_under_aot_eager_reaches_npu_kernel():
+    """Not lowered (``aot_eager``): the functionalized ``_foreach_copy`` runs the npu kernel's fast route."""
+    flat, srcs, expected = _copy_in_inputs((torch.float32,) * 3)
+    with npusim.ops.trace_foreach_copy() as calls:
+        torch.compile(_copy_in, backend="aot_eager")(flat, srcs)
+    torch.npu.synchronize()
+    assert [c.routes for c in calls] == [("fast",)]
+    assert torch.equal(flat.cpu(), expected)
+
+
+# ---- a small transformer, and FSDP2 + compile per block ---------------------
+
+def _transformer(seed: int = 0) -> TinyTransformer:
+    torch.manual_seed(seed)
+    return TinyTransformer(n_blocks=2, use_reentrant=None)
+
+
+def _compile_blocks(model: TinyTransformer) -> None:
+    for block in model.blocks:
+        block.compile()
+
+
+def _tokens(step: int, batch: int = 2) -> torch.Tensor:
+    return torch.randint(0, 32, (batch, 8), generator=torch.Generator().manual_seed(100 + step))
+
+
+def _lm_loss(model: nn.Module, tokens: torch.Tensor) -> torch.Tensor:
+    logits = model(tokens)
+    return F.cross_entropy(logits[:, :-1].flatten(0, 1).float(), tokens[:, 1:].flatten())
+
+
+def test_transformer_forward_backward_matches_eager():
+    """TinyTransformer with compiled blocks: losses and gradients equal eager's (tolerance LOSS_TOL / PARAM_TOL)."""
+    eager = _transformer().to("npu")
+    compiled = copy.deepcopy(eager)
+    _compile_blocks(compiled)
+    for model in (eager, compiled):
+        _lm_loss(model, _tokens(0).to("npu")).backward()
+    loss_e, loss_c = (_lm_loss(m, _tokens(1).to("npu")) for m in (eager, compiled))
+    assert_close(loss_c.cpu(), loss_e.cpu(), **LOSS_TOL)
+    for (name, p), q in zip(compiled.named_parameters(), eager.parameters(), strict=True):
+        assert p.grad is not None and p.grad.device.type == "npu", name
+        assert_close(p.grad.cpu(), q.grad.cpu(), **PARAM_TOL, msg=lambda m, name=name: f"grad {name}: {m}")
+
+
+STEPS = 3
+
+
+def _fsdp_compile_job(rank: int, world: int) -> list[tuple[float, float]]:
+    from torch.distributed.fsdp import fully_shard
+
+    models = []
+    for compile_blocks in (False, True):
+        model = _transformer()
+        for block in model.blocks:
+            fully_shard(block)
+            if compile_blocks:
+                block.compile()  # FSDP2's hooks stay eager (dynamo skips them)
+        fully_shard(model)
+        models.append((model, torch.optim.SGD(model.parameters(), lr=0.1, momentum=0.5)))
+    losses = []
+    for step in range(STEPS):
+        tokens = _tokens(step * world + rank).to(f"npu:{rank}")
+        step_losses = []
+        for model, opt in models:
+            loss = _lm_loss(model, tokens)
+            loss.backward()
+            opt.step()
+            opt.zero_grad(set_to_none=True)
+            step_losses.append(loss.item())
+        losses.append(tuple(step_losses))
+    assert torch._dynamo.utils.counters["stats"]["unique_graphs"] >= 1, "no block was compiled"
+    (eager, _), (compiled, _) = models
+    for (name, p), q in zip(compiled.named_parameters(), eager.parameters(), strict=True):
+        assert_close(p.to_local().cpu(), q.to_local().cpu(), **PARAM_TOL, msg=lambda m, name=name: f"{name}: {m}")
+    return losses
+
+
+def test_fsdp2_with_compiled_blocks_trains_like_eager():
+    """2 ranks, FSDP2 with each block compiled: 3 SGD steps give eager FSDP2's losses (LOSS_TOL) and parameters."""
+    for rank_losses in run_ranks(_fsdp_compile_job, timeout=400):
+        for step, (eager, compiled) in enumerate(rank_losses):
+            assert_close(compiled, eager, **LOSS_TOL, msg=lambda m, step=step: f"step {step} loss: {m}")
