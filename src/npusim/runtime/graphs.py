@@ -183,6 +183,9 @@ class _Captured:
         it = iter(grads)
         # One slot per input: None where the input needs no gradient.
         self.grad_inputs = tuple(next(it, None) if i.requires_grad else None for i in self.inputs)
+        # Drop the captured autograd graph: it holds the parameters' AccumulateGrad
+        # nodes, created on the capture stream, which eager backward would reuse.
+        self.outputs = tuple(o.detach() for o in self.outputs)
 
     def function(self) -> Callable[..., Any]:
         captured = self
