@@ -3,7 +3,9 @@
 An MLP step is run eagerly and as a captured npu graph, side by side in one
 run (``torch.utils.benchmark``). Host time is what the calling thread spends
 issuing the step (eager compute runs on the host, a replay only enqueues one
-task); end-to-end time adds the wait for the device. Two steps: a no-grad
+task), as wall time and as the host thread's CPU time (robust when stream
+workers compete with the host for cores); end-to-end time adds the wait for
+the device. Two steps: a no-grad
 forward captured with ``torch.npu.graph``, and a forward+backward through
 ``torch.npu.make_graphed_callables``.
 """
@@ -13,6 +15,8 @@ from __future__ import annotations
 import argparse
 import copy
 import json
+import statistics
+import time
 from collections.abc import Callable
 from pathlib import Path
 
@@ -30,6 +34,22 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
 
 def _median_us(fn: Callable[[], object], min_run_time: float) -> float:
     return benchmark.Timer(stmt="fn()", globals={"fn": fn}).blocked_autorange(min_run_time=min_run_time).median * 1e6
+
+
+def _median_cpu_us(fn: Callable[[], object], sync: Callable[[], None], calls: int = 50, repeats: int = 7) -> float:
+    """The host thread's CPU time per call (time.thread_time), median over batches.
+
+    Fixed-size batches drained in between: a CPU-time budget would queue
+    millions of replays, as a replay costs the host almost nothing.
+    """
+    per_call = []
+    for _ in range(repeats):
+        start = time.thread_time()
+        for _ in range(calls):
+            fn()
+        per_call.append((time.thread_time() - start) / calls)
+        sync()
+    return statistics.median(per_call) * 1e6
 
 
 def _model(width: int, layers: int) -> nn.Module:
@@ -80,15 +100,14 @@ def _row(name: str, tasks: int, equal: bool, min_run_time: float, *, eager: Call
     def with_sync(fn: Callable[[], object]) -> Callable[[], None]:
         return lambda: (fn(), sync())
 
-    # Host time: drain between batches so that the queue does not grow without bound.
+    # Host time: drain between measurements so that the queue does not grow without bound.
     row: dict[str, float | str] = {"step": name, "graph_tasks": tasks, "equal": str(equal)}
-    row["eager_host_us"] = _median_us(eager, min_run_time)
-    sync()
-    row["replay_host_us"] = _median_us(replay, min_run_time)
-    sync()
-    row["eager_e2e_us"] = _median_us(with_sync(eager), min_run_time)
-    row["replay_e2e_us"] = _median_us(with_sync(replay), min_run_time)
-    row["host_ratio"] = row["replay_host_us"] / row["eager_host_us"]  # type: ignore[operator]
+    for kind, fn in (("eager", eager), ("replay", replay)):
+        row[f"{kind}_host_us"] = _median_us(fn, min_run_time)
+        sync()
+        row[f"{kind}_host_cpu_us"] = _median_cpu_us(fn, sync)
+        row[f"{kind}_e2e_us"] = _median_us(with_sync(fn), min_run_time)
+    row["host_cpu_ratio"] = row["replay_host_cpu_us"] / row["eager_host_cpu_us"]  # type: ignore[operator]
     return row
 
 
@@ -96,11 +115,12 @@ def run(args: argparse.Namespace) -> int:
     rows = measure(args.width, args.batch, args.layers, args.min_run_time)
     print(f"MLP {args.layers}x Linear({args.width}, {args.width}) + ReLU, batch {args.batch}; "
           f"medians, {torch.get_num_threads()} threads")
-    print(f"{'step':<34}{'eager host us':>14}{'replay host us':>15}{'ratio':>7}{'eager e2e us':>14}"
-          f"{'replay e2e us':>15}  equal")
+    print(f"{'step':<34}{'host us':>16}{'host cpu us':>16}{'cpu ratio':>10}{'end-to-end us':>16}  equal")
+    print(f"{'':<34}{'eager / replay':>16}{'eager / replay':>16}{'':>10}{'eager / replay':>16}")
     for r in rows:
-        print(f"{r['step']:<34}{r['eager_host_us']:>14.1f}{r['replay_host_us']:>15.1f}{r['host_ratio']:>7.3f}"
-              f"{r['eager_e2e_us']:>14.1f}{r['replay_e2e_us']:>15.1f}  {r['equal']}")
+        print(f"{r['step']:<34}{r['eager_host_us']:>8.0f}{r['replay_host_us']:>8.0f}"
+              f"{r['eager_host_cpu_us']:>8.0f}{r['replay_host_cpu_us']:>8.0f}{r['host_cpu_ratio']:>10.3f}"
+              f"{r['eager_e2e_us']:>8.0f}{r['replay_e2e_us']:>8.0f}  {r['equal']}")
     out = Path(args.out)
     out.mkdir(parents=True, exist_ok=True)
     (out / "graph_replay.json").write_text(json.dumps({**vars(args), "rows": rows}, default=str, indent=1))
