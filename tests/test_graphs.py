@@ -11,6 +11,7 @@ from torch import nn
 
 import npusim
 from npusim.ops import trace_foreach_copy
+from npusim.testing.ranks import run_ranks
 
 NOT_PERMITTED = "operation not permitted when stream is capturing"
 
@@ -190,6 +191,29 @@ def test_accelerator_graph_routes_to_npu() -> None:
     torch.npu.synchronize()
     assert torch.equal(y.cpu(), torch.arange(4.0) + 5)
     assert isinstance(g.pool(), tuple)
+
+
+def _capture_all_reduce(rank: int, world: int) -> str:
+    import torch.distributed as dist
+
+    t = torch.full((4,), rank + 1.0, device="npu")
+    g = torch.npu.NPUGraph()
+    try:
+        with torch.npu.graph(g):
+            dist.all_reduce(t)
+    except RuntimeError as e:
+        message = str(e)
+    else:
+        message = "captured"
+    dist.all_reduce(t)  # the group still works after the refused capture
+    assert torch.equal(t.cpu(), torch.full((4,), 3.0))
+    return message
+
+
+def test_collectives_during_capture_are_refused() -> None:
+    """A collective on a capturing stream raises before anything is issued; the group stays usable."""
+    messages = run_ranks(_capture_all_reduce, timeout=90.0)
+    assert all("collectives cannot be captured" in m for m in messages), messages
 
 
 # ---- the graph-tree replay input copy (review section 5.4) -------------------

@@ -39,13 +39,14 @@ const npusim::CoreApi& core_api_table() {
       sizeof(npusim::CoreApi),
       &npusim::current_device,
       [](c10::DeviceIndex device) { return &npusim::current_stream(device); },
-      [](NpuStream* s, std::function<void()> fn, double us) {
-        // Only the collective backend enqueues through this table.
+      [](NpuStream* s, std::function<void()> fn, double us) { s->enqueue(std::move(fn), us); },
+      [](NpuStream* s) {
+        // Only the collective backend uses this table, and it asks before it
+        // issues anything: the place to refuse a collective during capture.
         TORCH_CHECK(s->capture() == nullptr, "npu graph capture: collectives cannot be captured (",
             s->name(), " is capturing); run them outside the captured region");
-        s->enqueue(std::move(fn), us);
+        return s->query();
       },
-      [](NpuStream* s) { return s->query(); },
       &npusim::cpu_alias,
       &npusim::link_task_us,
       &npusim::new_fence_counter,

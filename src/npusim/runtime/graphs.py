@@ -9,6 +9,15 @@ the host), batched async memcpy, event records and waits, and compute (the
 boxed fallback records each op; ops whose output shape depends on data cannot
 be captured). Host waits and host reads raise "operation not permitted when
 stream is capturing", as on CUDA; collectives raise.
+
+Note [Replay input copy ordering]
+The graph-tree pattern (torch-npu's ``_graph_tree.py``) copies new inputs into
+a graph's static buffers with one ``torch._foreach_copy_`` and then replays.
+The copy takes the asynchronous fast route, so it is ordered before the replay
+only by the stream: issue both on one stream (the usual case), or make the
+replay stream wait for the copy stream (``replay_stream.wait_stream(copy_stream)``)
+when they differ; without the wait the replay may read the old inputs.
+``tests/test_graphs.py`` shows both.
 """
 
 from __future__ import annotations
@@ -117,7 +126,8 @@ class graph:  # noqa: N801  (mirrors torch.cuda.graph)
 
     def __enter__(self) -> None:
         synchronize()
-        gc.collect()
+        if torch.compiler.config.force_cudagraph_gc:  # as torch.cuda.graph: collecting is costly
+            gc.collect()
         empty_cache()
         self._stream_ctx.__enter__()
         try:
