@@ -35,7 +35,8 @@ struct CoreApi {
   // As NpuStream::enqueue: fn runs on the stream's worker, in FIFO order; an
   // exception it throws is reported at the stream's next synchronize.
   void (*enqueue)(NpuStream* stream, std::function<void()> fn, double duration_us);
-  // True when every task enqueued on the stream so far has completed.
+  // True when every task enqueued on the stream so far has completed; raises
+  // while an npu graph captures the stream (collectives cannot be captured).
   bool (*stream_query)(NpuStream* stream);
   // See host_transfer.h.
   at::Tensor (*cpu_alias)(const at::Tensor& t);

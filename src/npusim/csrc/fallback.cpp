@@ -2,6 +2,7 @@
 // PyTorch's CPU kernel on CPU views of the device memory, in place, after the
 // current stream's earlier work.
 #include "device_hooks.h"
+#include "graph.h"
 #include "memory.h"
 #include "runtime.h"
 #include "host_transfer.h"
@@ -167,6 +168,9 @@ bool is_optional_generator(const c10::Argument& arg) {
 }
 
 void npu_fallback(const c10::OperatorHandle& op, torch::jit::Stack* stack) {
+  if (capture_fallback_op(op, stack)) {
+    return;  // recorded into the npu graph capturing the current stream
+  }
   const auto& schema = op.schema();
   const size_t num_args = schema.arguments().size();
   const size_t first = stack->size() - num_args;

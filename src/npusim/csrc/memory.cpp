@@ -2,6 +2,8 @@
 // per-device accounting and capacity, and stream-ordered release.
 #include "memory.h"
 
+#include "graph.h"
+
 #include <c10/core/CachingDeviceAllocator.h>
 #include <c10/util/Exception.h>
 
@@ -140,6 +142,10 @@ void check_capacity(c10::DeviceIndex device, size_t nbytes) {
 class DeviceAllocator final : public c10::DeviceAllocator {
  public:
   c10::DataPtr allocate(size_t nbytes) override {
+    // See Note [NPU graph memory] (graph.cpp).
+    if (c10::DataPtr pooled = allocate_for_capture(current_device(), nbytes)) {
+      return pooled;
+    }
     return allocate_device(current_device(), nbytes);
   }
   void copy_data(void* dest, const void* src, std::size_t count) const override {

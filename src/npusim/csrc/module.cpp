@@ -2,6 +2,7 @@
 // stream release the GIL: stream workers may need it to destroy tensors.
 #include "core_api.h"
 #include "device_hooks.h"
+#include "graph.h"
 #include "memory.h"
 #include "primitives.h"
 #include "runtime.h"
@@ -39,7 +40,13 @@ const npusim::CoreApi& core_api_table() {
       &npusim::current_device,
       [](c10::DeviceIndex device) { return &npusim::current_stream(device); },
       [](NpuStream* s, std::function<void()> fn, double us) { s->enqueue(std::move(fn), us); },
-      [](NpuStream* s) { return s->query(); },
+      [](NpuStream* s) {
+        // Only the collective backend uses this table, and it asks before it
+        // issues anything: the place to refuse a collective during capture.
+        TORCH_CHECK(s->capture() == nullptr, "npu graph capture: collectives cannot be captured (",
+            s->name(), " is capturing); run them outside the captured region");
+        return s->query();
+      },
       &npusim::cpu_alias,
       &npusim::link_task_us,
       &npusim::new_fence_counter,
@@ -136,6 +143,31 @@ PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
     auto gen = npusim::device_generator(device);
     std::lock_guard<std::mutex> lock(gen.mutex());
     gen.set_state(state);
+  });
+
+  // graphs (aclmdlRI capture / replay; See Note [NPU graph capture])
+  py::class_<npusim::NpuGraph>(m, "NpuGraph")
+      .def(py::init<>())
+      .def("capture_begin", [](npusim::NpuGraph& g, std::pair<uint64_t, uint64_t> pool, const std::string& mode) {
+        g.capture_begin({pool.first, pool.second}, mode);
+      })
+      .def("capture_end", &npusim::NpuGraph::capture_end)
+      .def("replay", &npusim::NpuGraph::replay, release())
+      .def("reset", &npusim::NpuGraph::reset)
+      .def("pool", [](const npusim::NpuGraph& g) {
+        const c10::MempoolId_t id = g.pool();
+        return py::make_tuple(id.first, id.second);
+      })
+      .def("num_tasks", &npusim::NpuGraph::num_tasks)
+      .def("captured", &npusim::NpuGraph::captured)
+      .def("enable_debug_mode", &npusim::NpuGraph::enable_debug_mode)
+      .def("debug_dump", &npusim::NpuGraph::debug_dump);
+  m.def("graph_pool_handle", [] {
+    const c10::MempoolId_t id = npusim::graph_pool_handle();
+    return py::make_tuple(id.first, id.second);
+  });
+  m.def("stream_is_capturing", [](int64_t id, int device) {
+    return npusim::stream_is_capturing(npusim::stream_for(device, id));
   });
 
   // ACL-like primitives for the operator layer

@@ -1,3 +1,4 @@
+#include "graph.h"
 #include "memory.h"
 #include "runtime.h"
 
@@ -126,6 +127,10 @@ c10::Stream NpuStream::unwrap() const {
 }
 
 void NpuStream::enqueue(std::function<void()> fn, double duration_us) {
+  if (GraphCapture* graph = capture()) {
+    capture_task(*graph, std::move(fn), duration_us);
+    return;
+  }
   push(std::move(fn), duration_us);
   if (launch_blocking() && !tls_is_stream_worker) {
     synchronize();
@@ -203,6 +208,9 @@ void NpuStream::raise_pending_error() {
 }
 
 void NpuStream::synchronize(double timeout_s) {
+  if (GraphCapture* graph = capture()) {
+    raise_capturing(*graph, *this, "synchronize");
+  }
   const uint64_t target = enqueued();
   const bool done = wait_completed(target, timeout_s);
   TORCH_CHECK(done, "synchronize_stream: ", name(), " did not finish its ",

@@ -23,6 +23,8 @@
 
 namespace npusim {
 
+struct GraphCapture;  // graph.h
+
 constexpr int kMaxDevices = 16;
 // Streams per device: the default stream (id 0) plus a pool per priority.
 constexpr int kPoolSize = 8;
@@ -84,6 +86,10 @@ class NpuStream {
   int priority() const { return priority_; }
   std::string name() const;
   c10::Stream unwrap() const;
+  // Set while an npu graph captures this stream: enqueue then records into
+  // the graph and synchronize raises (Note [NPU graph capture], graph.cpp).
+  GraphCapture* capture() const { return capture_.load(std::memory_order_acquire); }
+  void set_capture(GraphCapture* capture) { capture_.store(capture, std::memory_order_release); }
 
  private:
   struct Task {
@@ -104,6 +110,7 @@ class NpuStream {
   std::atomic<uint64_t> enqueued_{0};
   std::atomic<uint64_t> completed_{0};
   std::string error_;  // first failure of an asynchronous task
+  std::atomic<GraphCapture*> capture_{nullptr};
   std::unique_ptr<std::thread> worker_;
 };
 
@@ -134,10 +141,11 @@ void start_runtime();
 // True on a stream's worker thread (which must never wait on streams).
 bool on_stream_worker();
 void synchronize_all();
-// Cheap check used before every host-side op: waits only if work is pending.
+// Cheap check used before every host-side op: waits only if work is pending
+// (and raises while the stream is capturing, where no host wait is possible).
 inline void wait_current_stream_idle(c10::DeviceIndex device) {
   NpuStream& s = current_stream(device);
-  if (!s.query()) {
+  if (!s.query() || s.capture() != nullptr) {
     s.synchronize();
   }
 }

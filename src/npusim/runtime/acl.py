@@ -62,6 +62,14 @@ initial_seed: Callable[[int], int] = C.initial_seed
 get_rng_state: Callable[[int], torch.Tensor] = C.get_rng_state
 set_rng_state: Callable[[int, torch.Tensor], None] = C.set_rng_state
 
+# ---- graphs (aclmdlRICaptureBegin / End, aclmdlRIExecuteAsync) --------------
+
+# A capture of the current stream: capture_begin(pool, mode), capture_end(), replay(), reset(), pool().
+NpuGraph: Any = C.NpuGraph
+graph_pool_handle: Callable[[], tuple[int, int]] = C.graph_pool_handle
+# (stream_id, device): True while a graph captures that stream.
+stream_is_capturing: Callable[[int, int], bool] = C.stream_is_capturing
+
 # ---- the op-plugin's primitives (aclnnForeachCopy, aclrtMemcpyBatch) --------
 
 # aclnnForeachCopy's SINGLE_FOREACH_OP_TENSOR_COUNT: pairs per device task.

@@ -21,6 +21,13 @@ from npusim.runtime.device import (
     set_device,
     synchronize,
 )
+from npusim.runtime.graphs import (
+    NPUGraph,
+    graph,
+    graph_pool_handle,
+    is_current_stream_capturing,
+    make_graphed_callables,
+)
 from npusim.runtime.memory import (
     empty_cache,
     max_memory_allocated,
@@ -56,12 +63,12 @@ from npusim.runtime.streams import (
 )
 
 __all__ = [
-    "Event", "Stream", "StreamContext", "_get_device_index", "_is_in_bad_fork", "_lazy_init", "current_device",
-    "current_stream", "default_stream", "device", "device_count", "device_of", "empty_cache",
-    "get_amp_supported_dtype", "get_device_name", "get_rng_state", "get_rng_state_all", "init",
-    "initial_seed", "is_available", "is_bf16_supported", "is_initialized", "manual_seed",
-    "manual_seed_all", "max_memory_allocated", "max_memory_reserved", "mem_get_info",
-    "memory_allocated", "memory_reserved", "memory_stats", "reset_peak_memory_stats", "seed",
-    "seed_all", "set_device", "set_memory_capacity", "set_rng_state", "set_rng_state_all",
-    "set_stream", "stream", "synchronize", "synchronize_stream",
+    "Event", "NPUGraph", "Stream", "StreamContext", "_get_device_index", "_is_in_bad_fork", "_lazy_init",
+    "current_device", "current_stream", "default_stream", "device", "device_count", "device_of", "empty_cache",
+    "get_amp_supported_dtype", "get_device_name", "get_rng_state", "get_rng_state_all", "graph",
+    "graph_pool_handle", "init", "initial_seed", "is_available", "is_bf16_supported",
+    "is_current_stream_capturing", "is_initialized", "make_graphed_callables", "manual_seed", "manual_seed_all",
+    "max_memory_allocated", "max_memory_reserved", "mem_get_info", "memory_allocated", "memory_reserved",
+    "memory_stats", "reset_peak_memory_stats", "seed", "seed_all", "set_device", "set_memory_capacity",
+    "set_rng_state", "set_rng_state_all", "set_stream", "stream", "synchronize", "synchronize_stream",
 ]

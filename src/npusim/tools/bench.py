@@ -15,6 +15,7 @@ BENCHMARKS: dict[str, str] = {
     "fsdp-step": "npusim.bench.fsdp_step",  # FSDP2 step time npu vs CPU+gloo
     "fsdp-enhance": "npusim.bench.fsdp_enhance",  # all-gathers / allocations with and without enhancements
     "compile": "npusim.bench.compile",  # torch.compile: first/cached compile, compiled vs eager, npu vs CPU
+    "graph-replay": "npusim.bench.graph_replay",  # npu graph replay host time vs eager
 }
 
 

@@ -1,0 +1,127 @@
+"""``python -m npusim bench graph-replay``: host time of an npu graph replay vs eager.
+
+An MLP step is run eagerly and as a captured npu graph, side by side in one
+run (``torch.utils.benchmark``). Host time is what the calling thread spends
+issuing the step (eager compute runs on the host, a replay only enqueues one
+task), as wall time and as the host thread's CPU time (robust when stream
+workers compete with the host for cores); end-to-end time adds the wait for
+the device. Two steps: a no-grad
+forward captured with ``torch.npu.graph``, and a forward+backward through
+``torch.npu.make_graphed_callables``.
+"""
+
+from __future__ import annotations
+
+import argparse
+import copy
+import json
+import statistics
+import time
+from collections.abc import Callable
+from pathlib import Path
+
+import torch
+from torch import nn
+from torch.utils import benchmark
+
+
+def add_arguments(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument("--width", type=int, default=256)
+    parser.add_argument("--batch", type=int, default=32)
+    parser.add_argument("--layers", type=int, default=4)
+    parser.add_argument("--min-run-time", type=float, default=0.5, help="seconds per measurement")
+
+
+def _median_us(fn: Callable[[], object], min_run_time: float) -> float:
+    return benchmark.Timer(stmt="fn()", globals={"fn": fn}).blocked_autorange(min_run_time=min_run_time).median * 1e6
+
+
+def _median_cpu_us(fn: Callable[[], object], sync: Callable[[], None], calls: int = 50, repeats: int = 7) -> float:
+    """The host thread's CPU time per call (time.thread_time), median over batches.
+
+    Fixed-size batches drained in between: a CPU-time budget would queue
+    millions of replays, as a replay costs the host almost nothing.
+    """
+    per_call = []
+    for _ in range(repeats):
+        start = time.thread_time()
+        for _ in range(calls):
+            fn()
+        per_call.append((time.thread_time() - start) / calls)
+        sync()
+    return statistics.median(per_call) * 1e6
+
+
+def _model(width: int, layers: int) -> nn.Module:
+    torch.manual_seed(0)
+    blocks: list[nn.Module] = []
+    for _ in range(layers):
+        blocks += [nn.Linear(width, width), nn.ReLU()]
+    return nn.Sequential(*blocks).to("npu")
+
+
+def measure(width: int, batch: int, layers: int, min_run_time: float) -> list[dict[str, float | str]]:
+    import npusim  # noqa: F401  (registers the npu device)
+
+    sync = torch.npu.synchronize
+    rows: list[dict[str, float | str]] = []
+
+    model = _model(width, layers)
+    x = torch.randn(batch, width, device="npu")
+    with torch.no_grad():
+        g = torch.npu.NPUGraph()
+        with torch.npu.graph(g):
+            static_y = model(x)
+        g.replay()
+        sync()
+        equal = torch.allclose(static_y.cpu(), model(x).cpu())
+        rows.append(_row("forward (torch.npu.graph)", g.num_tasks(), equal, min_run_time,
+                         eager=lambda: model(x), replay=g.replay, sync=sync))
+
+    eager_model = _model(width, layers)
+    graphed_model = torch.npu.make_graphed_callables(copy.deepcopy(eager_model), (x.clone().requires_grad_(),))
+    xg = x.clone().requires_grad_()
+
+    def step(m: nn.Module) -> Callable[[], None]:
+        return lambda: m(xg).square().mean().backward()
+
+    step(eager_model)()
+    step(graphed_model)()
+    sync()
+    equal = all(torch.allclose(a.grad.cpu(), b.grad.cpu(), rtol=1e-4, atol=1e-6)
+                for a, b in zip(eager_model.parameters(), graphed_model.parameters(), strict=True))
+    rows.append(_row("fwd+bwd (make_graphed_callables)", 0, equal, min_run_time,
+                     eager=step(eager_model), replay=step(graphed_model), sync=sync))
+    return rows
+
+
+def _row(name: str, tasks: int, equal: bool, min_run_time: float, *, eager: Callable[[], object],
+         replay: Callable[[], object], sync: Callable[[], None]) -> dict[str, float | str]:
+    def with_sync(fn: Callable[[], object]) -> Callable[[], None]:
+        return lambda: (fn(), sync())
+
+    # Host time: drain between measurements so that the queue does not grow without bound.
+    row: dict[str, float | str] = {"step": name, "graph_tasks": tasks, "equal": str(equal)}
+    for kind, fn in (("eager", eager), ("replay", replay)):
+        row[f"{kind}_host_us"] = _median_us(fn, min_run_time)
+        sync()
+        row[f"{kind}_host_cpu_us"] = _median_cpu_us(fn, sync)
+        row[f"{kind}_e2e_us"] = _median_us(with_sync(fn), min_run_time)
+    row["host_cpu_ratio"] = row["replay_host_cpu_us"] / row["eager_host_cpu_us"]  # type: ignore[operator]
+    return row
+
+
+def run(args: argparse.Namespace) -> int:
+    rows = measure(args.width, args.batch, args.layers, args.min_run_time)
+    print(f"MLP {args.layers}x Linear({args.width}, {args.width}) + ReLU, batch {args.batch}; "
+          f"medians, {torch.get_num_threads()} threads")
+    print(f"{'step':<34}{'host us':>16}{'host cpu us':>16}{'cpu ratio':>10}{'end-to-end us':>16}  equal")
+    print(f"{'':<34}{'eager / replay':>16}{'eager / replay':>16}{'':>10}{'eager / replay':>16}")
+    for r in rows:
+        print(f"{r['step']:<34}{r['eager_host_us']:>8.0f}{r['replay_host_us']:>8.0f}"
+              f"{r['eager_host_cpu_us']:>8.0f}{r['replay_host_cpu_us']:>8.0f}{r['host_cpu_ratio']:>10.3f}"
+              f"{r['eager_e2e_us']:>8.0f}{r['replay_e2e_us']:>8.0f}  {r['equal']}")
+    out = Path(args.out)
+    out.mkdir(parents=True, exist_ok=True)
+    (out / "graph_replay.json").write_text(json.dumps({**vars(args), "rows": rows}, default=str, indent=1))
+    return 0 if all(r["equal"] == "True" for r in rows) else 1

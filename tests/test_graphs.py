@@ -1,0 +1,299 @@
+"""NPU graphs: capture and replay, the private pool, forbidden calls, and the
+graph-tree replay input copy of the design review (section 5.4)."""
+
+from __future__ import annotations
+
+import copy
+
+import pytest
+import torch
+from torch import nn
+
+import npusim
+from npusim.ops import trace_foreach_copy
+from npusim.testing.ranks import run_ranks
+
+NOT_PERMITTED = "operation not permitted when stream is capturing"
+
+
+def _mlp() -> nn.Module:
+    torch.manual_seed(0)
+    return nn.Sequential(nn.Linear(16, 32), nn.ReLU(), nn.Linear(32, 8)).to("npu")
+
+
+def _capture(fn, *args):  # noqa: ANN001, ANN202
+    """Captures fn(*args) into a new graph; returns (graph, static output)."""
+    g = torch.npu.NPUGraph()
+    torch.npu.synchronize()
+    with torch.npu.graph(g):
+        out = fn(*args)
+    return g, out
+
+
+def test_mlp_forward_replay_equals_eager_with_changing_inputs() -> None:
+    """Replaying a captured MLP forward after copying new inputs gives the eager output."""
+    model = _mlp()
+    static_x = torch.randn(4, 16, device="npu")
+    with torch.no_grad():
+        g, static_y = _capture(model, static_x)
+        for step in range(3):
+            x = torch.randn(4, 16, device="npu") + step
+            static_x.copy_(x)
+            g.replay()
+            torch.npu.synchronize()
+            torch.testing.assert_close(static_y.cpu(), model(x).cpu())
+    assert g.num_tasks() > 0
+
+
+def test_capture_records_instead_of_running() -> None:
+    """Work issued during capture does not run until replay."""
+    x = torch.ones(8, device="npu")
+    g, y = _capture(lambda t: t.mul_(3).add(1), x)
+    torch.npu.synchronize()
+    assert torch.equal(x.cpu(), torch.ones(8))  # the in-place mul_ was recorded, not run
+    g.replay()
+    torch.npu.synchronize()
+    assert torch.equal(x.cpu(), torch.full((8,), 3.0))
+    assert torch.equal(y.cpu(), torch.full((8,), 4.0))
+
+
+def test_replay_is_asynchronous_to_the_host() -> None:
+    """replay() returns while the captured work is still pending on the stream."""
+    src = torch.randn(64 * 1024, device="npu")
+    dst = torch.empty_like(src)
+    with npusim.timing.model(copy_gbps=0.5):  # 256 KiB copy: about 0.5 ms of device time
+        g, _ = _capture(lambda: dst.copy_(src))
+        g.replay()
+        assert torch.npu.current_stream().pending() == 1
+        torch.npu.synchronize()
+    assert torch.equal(dst.cpu(), src.cpu())
+
+
+def test_pool_fixed_addresses_and_no_growth_over_100_replays() -> None:
+    """Outputs keep their addresses and device memory does not grow across 100 replays."""
+    model = _mlp()
+    static_x = torch.randn(4, 16, device="npu")
+    with torch.no_grad():
+        g, static_y = _capture(model, static_x)
+    ptr = static_y.data_ptr()
+    g.replay()
+    torch.npu.synchronize()
+    allocated, reserved = torch.npu.memory_allocated(), torch.npu.memory_reserved()
+    for _ in range(100):
+        g.replay()
+    torch.npu.synchronize()
+    assert static_y.data_ptr() == ptr
+    assert torch.npu.memory_allocated() == allocated
+    assert torch.npu.memory_reserved() == reserved
+
+
+def test_graphs_share_a_pool_by_handle() -> None:
+    """Graphs captured with one pool handle report that pool; a graph's own pool is distinct."""
+    handle = torch.npu.graph_pool_handle()
+    x = torch.randn(8, device="npu")
+    g1, g2, g3 = torch.npu.NPUGraph(), torch.npu.NPUGraph(), torch.npu.NPUGraph()
+    with torch.npu.graph(g1, pool=handle):
+        a = x * 2
+    with torch.npu.graph(g2, pool=g1.pool()):
+        b = a + 1
+    with torch.npu.graph(g3):
+        c = x - 1
+    assert g1.pool() == g2.pool() == handle
+    assert g3.pool() != handle
+    for g in (g1, g2, g3):
+        g.replay()
+    torch.npu.synchronize()
+    torch.testing.assert_close(b.cpu(), x.cpu() * 2 + 1)
+    torch.testing.assert_close(c.cpu(), x.cpu() - 1)
+
+
+def test_static_output_outlives_reset() -> None:
+    """A static output stays valid after its graph is reset (the pool block is shared)."""
+    x = torch.arange(6.0, device="npu")
+    g, y = _capture(lambda t: t * 10, x)
+    g.replay()
+    g.reset()
+    torch.npu.synchronize()
+    assert torch.equal(y.cpu(), torch.arange(6.0) * 10)
+    with pytest.raises(RuntimeError, match="has not been captured"):
+        g.replay()
+
+
+def test_make_graphed_callables_training_step_equals_eager() -> None:
+    """A training loop over a graphed MLP gives eager's losses and parameters."""
+    eager = _mlp()
+    graphed_model = copy.deepcopy(eager)
+    sample = torch.randn(4, 16, device="npu", requires_grad=True)
+    graphed = torch.npu.make_graphed_callables(graphed_model, (sample,))
+    assert graphed is graphed_model
+    opt_e = torch.optim.SGD(eager.parameters(), lr=0.1)
+    opt_g = torch.optim.SGD(graphed_model.parameters(), lr=0.1)
+    for step in range(3):
+        x = torch.randn(4, 16, device="npu") * (step + 1)
+        target = torch.randn(4, 8, device="npu")
+        losses = []
+        for model, opt in ((eager, opt_e), (graphed, opt_g)):
+            opt.zero_grad(set_to_none=True)
+            xi = x.clone().requires_grad_(True)
+            loss = nn.functional.mse_loss(model(xi), target)
+            loss.backward()
+            opt.step()
+            losses.append((loss.item(), xi.grad.cpu()))
+        assert losses[0][0] == pytest.approx(losses[1][0], rel=1e-5)
+        torch.testing.assert_close(losses[0][1], losses[1][1])
+    for pe, pg in zip(eager.parameters(), graphed_model.parameters(), strict=True):
+        torch.testing.assert_close(pe.cpu(), pg.cpu())
+
+
+@pytest.mark.parametrize("call", [
+    pytest.param(lambda t: torch.npu.synchronize(), id="synchronize"),
+    pytest.param(lambda t: torch.npu.current_stream().synchronize(), id="stream-synchronize"),
+    pytest.param(lambda t: t.sum().item(), id="item"),
+    pytest.param(lambda t: t.cpu(), id="cpu"),
+    pytest.param(lambda t: t.copy_(torch.ones(4)), id="blocking-h2d"),
+])
+def test_host_waits_during_capture_raise_and_invalidate(call) -> None:  # noqa: ANN001
+    """Host synchronization and host reads during capture raise CUDA's error; capture_end reports it."""
+    x = torch.ones(4, device="npu")
+    g = torch.npu.NPUGraph()
+    s = torch.npu.Stream()
+    with torch.npu.stream(s):
+        g.capture_begin()
+        assert torch.npu.is_current_stream_capturing()
+        with pytest.raises(RuntimeError, match=NOT_PERMITTED):
+            call(x)
+        with pytest.raises(RuntimeError, match="invalidated"):
+            g.capture_end()
+    assert not torch.npu.is_current_stream_capturing()
+    torch.npu.synchronize()  # the stream is usable again
+
+
+def test_capture_errors_name_the_problem() -> None:
+    """Default-stream capture and data-dependent shapes are rejected with clear errors."""
+    g = torch.npu.NPUGraph()
+    with pytest.raises(RuntimeError, match="non-default stream"):
+        g.capture_begin()
+    x = torch.tensor([0.0, 1.0, 2.0], device="npu")
+    with pytest.raises(RuntimeError, match="nonzero cannot be captured"), torch.npu.graph(g):
+        torch.nonzero(x)
+    assert not torch.npu.is_current_stream_capturing()
+    with pytest.raises(RuntimeError, match="has not been captured"):
+        g.replay()
+
+
+def test_accelerator_graph_routes_to_npu() -> None:
+    """torch.accelerator.Graph captures and replays npu work."""
+    x = torch.arange(4.0, device="npu")
+    g = torch.accelerator.Graph()
+    with torch.npu.stream(torch.npu.Stream()), g:
+        y = x + 5
+    g.replay()
+    torch.npu.synchronize()
+    assert torch.equal(y.cpu(), torch.arange(4.0) + 5)
+    assert isinstance(g.pool(), tuple)
+
+
+def _capture_all_reduce(rank: int, world: int) -> str:
+    import torch.distributed as dist
+
+    t = torch.full((4,), rank + 1.0, device="npu")
+    g = torch.npu.NPUGraph()
+    try:
+        with torch.npu.graph(g):
+            dist.all_reduce(t)
+    except RuntimeError as e:
+        message = str(e)
+    else:
+        message = "captured"
+    dist.all_reduce(t)  # the group still works after the refused capture
+    assert torch.equal(t.cpu(), torch.full((4,), 3.0))
+    return message
+
+
+def test_collectives_during_capture_are_refused() -> None:
+    """A collective on a capturing stream raises before anything is issued; the group stays usable."""
+    messages = run_ranks(_capture_all_reduce, timeout=90.0)
+    assert all("collectives cannot be captured" in m for m in messages), messages
+
+
+# ---- the graph-tree replay input copy (review section 5.4) -------------------
+
+class _GraphTreeStep:
+    """A captured f(a, b) with static input buffers, run the way torch-npu's graph
+    tree does: copy the new inputs in with one _foreach_copy_, then replay."""
+
+    def __init__(self, shape: tuple[int, ...]) -> None:
+        self.static = [torch.zeros(shape, device="npu"), torch.zeros(shape, device="npu")]
+        self.graph = torch.npu.NPUGraph()
+        torch.npu.synchronize()
+        with torch.npu.graph(self.graph):
+            self.out = self.fn(*self.static)
+
+    @staticmethod
+    def fn(a: torch.Tensor, b: torch.Tensor) -> torch.Tensor:
+        return torch.tanh(a) * b + a
+
+    def copy_inputs(self, inputs: list[torch.Tensor]) -> None:
+        torch._foreach_copy_(self.static, inputs)
+
+
+def _new_inputs(shape: tuple[int, ...], step: int) -> list[torch.Tensor]:
+    torch.manual_seed(step)
+    return [torch.randn(shape, device="npu") + step, torch.randn(shape, device="npu")]
+
+
+def test_graph_tree_input_copy_fast_route_equals_eager() -> None:
+    """The batched input copy takes the fast route (non_blocking passed down True) and replays match eager."""
+    tree = _GraphTreeStep((8, 8))
+    for step in range(4):
+        inputs = _new_inputs((8, 8), step)
+        with trace_foreach_copy() as calls:
+            tree.copy_inputs(inputs)
+        assert [g.route for g in calls[0].groups] == ["fast"]
+        assert calls[0].groups[0].non_blocking is True and calls[0].non_blocking is False
+        tree.graph.replay()
+        torch.npu.synchronize()
+        torch.testing.assert_close(tree.out.cpu(), tree.fn(*inputs).cpu())
+
+
+def test_graph_tree_slow_copy_same_stream_is_ordered() -> None:
+    """With copies slowed by the timing model, a replay on the copy's stream reads the new inputs."""
+    shape = (64, 64)  # 16 KiB per input
+    tree = _GraphTreeStep(shape)
+    with npusim.timing.model(copy_gbps=0.0002):  # ~80 ms per input copy
+        for step in range(2):
+            inputs = _new_inputs(shape, step + 1)
+            tree.copy_inputs(inputs)
+            assert torch.npu.current_stream().pending() > 0  # the copy is still in flight
+            tree.graph.replay()
+            torch.npu.synchronize()
+            torch.testing.assert_close(tree.out.cpu(), tree.fn(*inputs).cpu())
+
+
+def test_graph_tree_copy_on_other_stream_races_without_wait() -> None:
+    """A copy on another stream without a wait is raced by the replay (stale inputs); wait_stream fixes it."""
+    shape = (64, 64)
+    tree = _GraphTreeStep(shape)
+    old = _new_inputs(shape, 1)
+    tree.copy_inputs(old)
+    torch.npu.synchronize()
+    copy_stream = torch.npu.Stream()
+    replay_stream = torch.npu.current_stream()
+    with npusim.timing.model(copy_gbps=0.0002):
+        new = _new_inputs(shape, 2)
+        copy_stream.wait_stream(replay_stream)  # the new inputs were written on the replay stream
+        with torch.npu.stream(copy_stream):
+            tree.copy_inputs(new)
+        tree.graph.replay()  # no wait: the replay runs before the slow copy lands
+        torch.npu.synchronize()
+        torch.testing.assert_close(tree.out.cpu(), tree.fn(*old).cpu())
+        assert not torch.allclose(tree.out.cpu(), tree.fn(*new).cpu())
+
+        newer = _new_inputs(shape, 3)
+        copy_stream.wait_stream(replay_stream)
+        with torch.npu.stream(copy_stream):
+            tree.copy_inputs(newer)
+        replay_stream.wait_stream(copy_stream)  # the documented wait
+        tree.graph.replay()
+        torch.npu.synchronize()
+        torch.testing.assert_close(tree.out.cpu(), tree.fn(*newer).cpu())
