@@ -2,12 +2,12 @@
 // stream release the GIL: stream workers may need it to destroy tensors.
 #include "core_api.h"
 #include "device_hooks.h"
+#include "generator.h"
 #include "memory.h"
 #include "primitives.h"
 #include "runtime.h"
 #include "tensor_alias.h"
 
-#include <ATen/CPUGeneratorImpl.h>
 #include <torch/csrc/utils/pybind.h>
 
 namespace py = pybind11;
@@ -115,28 +115,8 @@ PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
     return py::make_tuple(t.copy_bytes_per_us.load(), t.launch_latency_us.load(), t.link_bytes_per_us.load());
   });
 
-  // random numbers
-  m.def("manual_seed", [](int device, uint64_t seed) {
-    auto gen = npusim::device_generator(device);
-    std::lock_guard<std::mutex> lock(gen.mutex());
-    gen.set_current_seed(seed);
-  });
-  m.def("seed", [](int device) {
-    auto gen = npusim::device_generator(device);
-    std::lock_guard<std::mutex> lock(gen.mutex());
-    return gen.seed();
-  });
-  m.def("initial_seed", [](int device) { return npusim::device_generator(device).current_seed(); });
-  m.def("get_rng_state", [](int device) {
-    auto gen = npusim::device_generator(device);
-    std::lock_guard<std::mutex> lock(gen.mutex());
-    return gen.get_state();
-  });
-  m.def("set_rng_state", [](int device, const at::Tensor& state) {
-    auto gen = npusim::device_generator(device);
-    std::lock_guard<std::mutex> lock(gen.mutex());
-    gen.set_state(state);
-  });
+  // random numbers: the Python torch.Generator of a device's default generator
+  m.def("default_generator", [](int device) { return npusim::default_generator(device); });
 
   // ACL-like primitives for the operator layer
   m.attr("SINGLE_FOREACH_OP_TENSOR_COUNT") = npusim::kSingleForeachOpTensorCount;

@@ -5,6 +5,8 @@ of an accelerator's device module (devices, streams, events, memory, RNG,
 AMP) under the names torch.cuda uses.
 """
 
+import torch
+
 from npusim.runtime.device import (
     _get_device_index,
     _lazy_init,
@@ -33,7 +35,9 @@ from npusim.runtime.memory import (
     set_memory_capacity,
 )
 from npusim.runtime.random import (
+    _default_generators,
     _is_in_bad_fork,
+    default_generator,
     get_rng_state,
     get_rng_state_all,
     initial_seed,
@@ -55,9 +59,13 @@ from npusim.runtime.streams import (
     synchronize_stream,
 )
 
+# As torch.cuda.default_generators: one per device, fixed once npusim is imported.
+default_generators: tuple[torch.Generator, ...] = _default_generators()
+
 __all__ = [
     "Event", "Stream", "StreamContext", "_get_device_index", "_is_in_bad_fork", "_lazy_init", "current_device",
-    "current_stream", "default_stream", "device", "device_count", "device_of", "empty_cache",
+    "current_stream", "default_generator", "default_generators", "default_stream", "device", "device_count",
+    "device_of", "empty_cache",
     "get_amp_supported_dtype", "get_device_name", "get_rng_state", "get_rng_state_all", "init",
     "initial_seed", "is_available", "is_bf16_supported", "is_initialized", "manual_seed",
     "manual_seed_all", "max_memory_allocated", "max_memory_reserved", "mem_get_info",
