@@ -9,6 +9,7 @@
 #include "tensor_alias.h"
 
 #include <ATen/ATen.h>
+#include <ATen/OpMathType.h>
 #include <ATen/Parallel.h>
 #include <ATen/core/PhiloxRNGEngine.h>
 #include <ATen/core/TransformationHelper.h>
@@ -17,6 +18,7 @@
 #include <torch/library.h>
 
 #include <cmath>
+#include <type_traits>
 #include <tuple>
 
 namespace npusim {
@@ -50,9 +52,22 @@ double open_unit(uint64_t v) {
   return (static_cast<double>(v >> 12) + 0.5) * 0x1.0p-52;
 }
 
-// A standard normal sample (Box-Muller over both halves of the block).
-double standard_normal(const Block& b) {
-  return std::sqrt(-2.0 * std::log1p(-unit(b.lo()))) * std::cos(2.0 * c10::pi<double> * unit(b.hi()));
+// [0, 1) in the op's math type: 53 bits for double, 24 for float (which
+// half and bfloat16 compute in, as CUDA's curand_normal4 does).
+template <typename acc_t>
+acc_t unit_as(uint64_t v) {
+  if constexpr (std::is_same_v<acc_t, double>) {
+    return unit(v);
+  } else {
+    return static_cast<float>(static_cast<uint32_t>(v) >> 8) * 0x1.0p-24f;
+  }
+}
+
+// A standard normal sample: Box-Muller over the block's two halves.
+template <typename acc_t>
+acc_t standard_normal(const Block& b) {
+  const acc_t radius = std::sqrt(static_cast<acc_t>(-2) * std::log1p(-unit_as<acc_t>(b.lo())));
+  return radius * std::cos(static_cast<acc_t>(2) * c10::pi<acc_t> * unit_as<acc_t>(b.hi()));
 }
 
 c10::DeviceIndex npu_device_of(const Tensor& self, const Gen& gen, const char* op) {
@@ -120,8 +135,11 @@ struct NormalKernel {
   void operator()(Tensor& self, double mean, double std, Gen gen) {
     const PhiloxInputs in = begin_op(self, gen, "normal_");
     AT_DISPATCH_FLOATING_TYPES_AND2(at::kHalf, at::kBFloat16, self.scalar_type(), "normal_kernel_npu", [&] {
+      using acc_t = at::opmath_type<scalar_t>;
+      const auto m = static_cast<acc_t>(mean);
+      const auto s = static_cast<acc_t>(std);
       philox_fill<scalar_t>(self, in, [=](const Block& b, int64_t) {
-        return static_cast<scalar_t>(at::transformation::normal(standard_normal(b), mean, std));
+        return static_cast<scalar_t>(at::transformation::normal(standard_normal<acc_t>(b), m, s));
       });
     });
   }
@@ -133,9 +151,12 @@ struct LogNormalKernel {
     const Tensor& self = iter.tensor(0);
     const PhiloxInputs in = begin_op(self, gen, "log_normal_");
     AT_DISPATCH_FLOATING_TYPES_AND2(at::kHalf, at::kBFloat16, self.scalar_type(), "log_normal_npu", [&] {
+      using acc_t = at::opmath_type<scalar_t>;
+      const auto m = static_cast<acc_t>(mean);
+      const auto s = static_cast<acc_t>(std);
       philox_fill<scalar_t>(self, in, [=](const Block& b, int64_t) {
         return static_cast<scalar_t>(
-            at::transformation::log_normal(at::transformation::normal(standard_normal(b), mean, std)));
+            at::transformation::log_normal(at::transformation::normal(standard_normal<acc_t>(b), m, s)));
       });
     });
   }

@@ -13,6 +13,7 @@ BENCHMARKS: dict[str, str] = {
     "fsdp-copy-in": "npusim.bench.fsdp_copy_in",  # host time blocked in all-gather copy-in
     "fsdp-step": "npusim.bench.fsdp_step",  # FSDP2 step time npu vs CPU+gloo
     "fsdp-enhance": "npusim.bench.fsdp_enhance",  # all-gathers / allocations with and without enhancements
+    "rng": "npusim.bench.rng",  # host cost per random op, npu Philox generator vs CPU generator
 }
 
 
