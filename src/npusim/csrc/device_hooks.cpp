@@ -3,15 +3,14 @@
 // allocator registration. Each override forwards to runtime.h.
 #include "device_hooks.h"
 
+#include "generator.h"
 #include "memory.h"
 #include "runtime.h"
 
-#include <ATen/CPUGeneratorImpl.h>
 #include <ATen/detail/PrivateUse1HooksInterface.h>
 #include <c10/core/impl/DeviceGuardImplInterface.h>
 #include <c10/core/impl/alloc_cpu.h>
 
-#include <array>
 #include <cstring>
 #include <mutex>
 
@@ -107,19 +106,6 @@ struct NpuGuardImpl final : public c10::impl::DeviceGuardImplInterface {
   }
 };
 
-// The device RNG is a host generator per device: compute ops run PyTorch's
-// CPU kernels, which only accept CPU generators.
-std::array<at::Generator, kMaxDevices>& default_generators() {
-  static std::array<at::Generator, kMaxDevices> gens;
-  static std::once_flag once;
-  std::call_once(once, [] {
-    for (int i = 0; i < kMaxDevices; ++i) {
-      gens[i] = at::detail::createCPUGenerator();
-    }
-  });
-  return gens;
-}
-
 struct NpuHooks final : public at::PrivateUse1HooksInterface {
   bool isBuilt() const override {
     return true;
@@ -154,11 +140,12 @@ struct NpuHooks final : public at::PrivateUse1HooksInterface {
   c10::Allocator* getPinnedMemoryAllocator() const override {
     return pinned_allocator();
   }
+  // torch.Generator("npu"), torch.npu.default_generators: see Note [npu Philox stream].
   const at::Generator& getDefaultGenerator(c10::DeviceIndex device_index) const override {
-    return device_generator(device_index);
+    return default_generator(device_index);
   }
-  at::Generator getNewGenerator(c10::DeviceIndex) const override {
-    return at::detail::createCPUGenerator();
+  at::Generator getNewGenerator(c10::DeviceIndex device_index) const override {
+    return new_generator(device_index);
   }
   at::Device getDeviceFromPtr(void*) const override {
     TORCH_CHECK(false, "npusim: getDeviceFromPtr is not supported (device memory is host memory)");
@@ -169,14 +156,6 @@ struct NpuHooks final : public at::PrivateUse1HooksInterface {
 };
 
 }  // namespace
-
-const at::Generator& device_generator(c10::DeviceIndex device) {
-  if (device < 0) {
-    device = current_device();
-  }
-  check_device_index(device, "npu generator");
-  return default_generators()[device];
-}
 
 void resize_storage_bytes(const c10::Storage& storage, size_t newsize) {
   c10::StorageImpl* impl = storage.unsafeGetStorageImpl();

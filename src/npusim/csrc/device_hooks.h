@@ -1,7 +1,6 @@
 // Registration of the npu device with PyTorch (guard, hooks, allocator).
 #pragma once
 
-#include <ATen/core/Generator.h>
 #include <c10/core/Storage.h>
 
 namespace npusim {
@@ -10,9 +9,6 @@ namespace npusim {
 // Called from Python only after it has checked that no other backend owns
 // PrivateUse1.
 void register_device();
-
-// The host generator that random ops on `device` draw from.
-const at::Generator& device_generator(c10::DeviceIndex device);
 
 // Storage resize for PrivateUse1 (FSDP2 frees and re-allocates unsharded
 // parameters with `untyped_storage().resize_(n)`); keeps the leading bytes.

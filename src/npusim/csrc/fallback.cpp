@@ -2,6 +2,7 @@
 // PyTorch's CPU kernel on CPU views of the device memory, in place, after the
 // current stream's earlier work.
 #include "device_hooks.h"
+#include "generator.h"
 #include "graph.h"
 #include "memory.h"
 #include "runtime.h"
@@ -50,6 +51,11 @@ class FallbackCall {
 
   c10::DeviceIndex device() const {
     return device_ < 0 ? current_device() : device_;
+  }
+
+  // Whether any argument is an npu tensor or device.
+  bool on_npu() const {
+    return device_ >= 0;
   }
 
   c10::IValue from_cpu(const c10::IValue& v) {
@@ -162,6 +168,24 @@ class FallbackCall {
   std::vector<std::pair<at::Tensor, at::Tensor>> tensors_;
 };
 
+// The generator a CPU kernel of a random op draws from: a CPU generator
+// seeded from the npu generator's Philox state (Note [npu Philox stream]),
+// never the CPU default generator. Generators of the wrong device type get
+// CUDA's errors.
+at::Generator fallback_generator(
+    const c10::IValue& arg, c10::DeviceIndex device, bool on_npu, const c10::FunctionSchema& schema) {
+  std::optional<at::Generator> gen;
+  if (!arg.isNone()) {
+    gen = arg.toGenerator();
+  }
+  if (!on_npu) {
+    // Only an npu generator's dispatch key brings an op without npu tensors here.
+    TORCH_CHECK(false, "Expected a 'cpu' device type for generator but found '",
+        gen.has_value() ? gen->device().type() : kNpu, "' (when running ", schema.operator_name(), ")");
+  }
+  return cpu_generator_for(gen, device);
+}
+
 bool is_optional_generator(const c10::Argument& arg) {
   auto opt = arg.type()->cast<c10::OptionalType>();
   return opt && opt->getElementType()->kind() == c10::TypeKind::GeneratorType;
@@ -180,8 +204,9 @@ void npu_fallback(const c10::OperatorHandle& op, torch::jit::Stack* stack) {
   }
   const c10::DeviceIndex device = call.device();
   for (size_t i = 0; i < num_args; ++i) {
-    if ((*stack)[first + i].isNone() && is_optional_generator(schema.arguments()[i])) {
-      (*stack)[first + i] = c10::IValue(device_generator(device));
+    if (is_optional_generator(schema.arguments()[i])) {
+      c10::IValue& arg = (*stack)[first + i];
+      arg = c10::IValue(fallback_generator(arg, device, call.on_npu(), schema));
     }
   }
   wait_current_stream_idle(device);

@@ -2,13 +2,13 @@
 // stream release the GIL: stream workers may need it to destroy tensors.
 #include "core_api.h"
 #include "device_hooks.h"
+#include "generator.h"
 #include "graph.h"
 #include "memory.h"
 #include "primitives.h"
 #include "runtime.h"
 #include "host_transfer.h"
 
-#include <ATen/CPUGeneratorImpl.h>
 #include <torch/csrc/utils/pybind.h>
 
 namespace py = pybind11;
@@ -122,28 +122,8 @@ PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
     return py::make_tuple(t.copy_gbps.load(), t.launch_us.load(), t.link_gbps.load());
   });
 
-  // random numbers
-  m.def("manual_seed", [](int device, uint64_t seed) {
-    auto gen = npusim::device_generator(device);
-    std::lock_guard<std::mutex> lock(gen.mutex());
-    gen.set_current_seed(seed);
-  });
-  m.def("seed", [](int device) {
-    auto gen = npusim::device_generator(device);
-    std::lock_guard<std::mutex> lock(gen.mutex());
-    return gen.seed();
-  });
-  m.def("initial_seed", [](int device) { return npusim::device_generator(device).current_seed(); });
-  m.def("get_rng_state", [](int device) {
-    auto gen = npusim::device_generator(device);
-    std::lock_guard<std::mutex> lock(gen.mutex());
-    return gen.get_state();
-  });
-  m.def("set_rng_state", [](int device, const at::Tensor& state) {
-    auto gen = npusim::device_generator(device);
-    std::lock_guard<std::mutex> lock(gen.mutex());
-    gen.set_state(state);
-  });
+  // random numbers: the Python torch.Generator of a device's default generator
+  m.def("default_generator", [](int device) { return npusim::default_generator(device); });
 
   // graphs (aclmdlRI capture / replay; See Note [NPU graph capture])
   py::class_<npusim::NpuGraph>(m, "NpuGraph")

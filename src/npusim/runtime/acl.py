@@ -56,11 +56,9 @@ timing_model: Callable[[], tuple[float, float, float]] = C.timing_model
 
 # ---- random numbers ---------------------------------------------------------
 
-manual_seed: Callable[[int, int], None] = C.manual_seed
-seed: Callable[[int], int] = C.seed
-initial_seed: Callable[[int], int] = C.initial_seed
-get_rng_state: Callable[[int], torch.Tensor] = C.get_rng_state
-set_rng_state: Callable[[int, torch.Tensor], None] = C.set_rng_state
+# The device's default Philox generator (seed, offset) as a torch.Generator; the
+# same object on every call while it lives. See Note [npu Philox stream] (generator.h).
+default_generator: Callable[[int], torch.Generator] = C.default_generator
 
 # ---- graphs (aclmdlRICaptureBegin / End, aclmdlRIExecuteAsync) --------------
 

@@ -16,6 +16,7 @@ BENCHMARKS: dict[str, str] = {
     "fsdp-enhance": "npusim.bench.fsdp_enhance",  # all-gathers / allocations with and without enhancements
     "compile": "npusim.bench.compile",  # torch.compile: first/cached compile, compiled vs eager, npu vs CPU
     "graph-replay": "npusim.bench.graph_replay",  # npu graph replay host time vs eager
+    "rng": "npusim.bench.rng",  # host cost per random op, npu Philox generator vs CPU generator
 }
 
 
