@@ -190,4 +190,19 @@ TORCH_LIBRARY_IMPL(aten, PrivateUse1, m) {
   m.impl("_has_compatible_shallow_copy_type", TORCH_FN(has_compatible_shallow_copy_type));
 }
 
+// As PyTorch does for copy_: the copies handle conj and neg views themselves
+// (host_copy runs CPU's copy_, which honours both bits). Through the
+// Conjugate / Negative fallbacks instead, the source would be materialised
+// by a copy that comes back here (endless recursion), and the destination,
+// not marked mutable in _copy_from's schema, materialised into a temporary
+// that is written and dropped.
+TORCH_LIBRARY_IMPL(aten, Conjugate, m) {
+  m.impl("_copy_from", torch::CppFunction::makeFallthrough());
+  m.impl("_copy_from_and_resize", torch::CppFunction::makeFallthrough());
+}
+
+TORCH_LIBRARY_IMPL(aten, Negative, m) {
+  m.impl("_copy_from", torch::CppFunction::makeFallthrough());
+  m.impl("_copy_from_and_resize", torch::CppFunction::makeFallthrough());
+}
 }  // namespace npusim
