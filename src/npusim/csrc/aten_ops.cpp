@@ -63,6 +63,19 @@ at::Tensor& set_source_storage(at::Tensor& self, c10::Storage source) {
   return set_storage(self, std::move(source), 0, {numel}, {});
 }
 
+// `a.set_(b)`: a shares b's storage, offset, sizes and strides (FSDP1's
+// flat-parameter views rely on it).
+at::Tensor& set_source_tensor(at::Tensor& self, const at::Tensor& source) {
+  TORCH_CHECK(self.dtype() == source.dtype(), "set_: could not set an npu tensor of type ",
+      self.dtype(), " to a tensor of type ", source.dtype());
+  TORCH_CHECK(source.device() == self.device(), "set_: attempted to set the storage of a tensor on ",
+      self.device(), " to the storage of a tensor on ", source.device());
+  if (self.is_same(source)) {
+    return self;
+  }
+  return set_storage(self, source.storage(), source.storage_offset(), source.sizes(), source.strides());
+}
+
 at::Tensor& set_empty(at::Tensor& self) {
   const c10::DeviceGuard guard(self.device());
   c10::Storage storage(c10::Storage::use_byte_size_t(), 0, device_allocator(), /*resizable=*/true);
@@ -183,6 +196,7 @@ TORCH_LIBRARY_IMPL(aten, PrivateUse1, m) {
   m.impl("resize_", TORCH_FN(resize_));
   m.impl("set_.source_Storage", TORCH_FN(set_source_storage));
   m.impl("set_.source_Storage_storage_offset", TORCH_FN(set_storage));
+  m.impl("set_.source_Tensor", TORCH_FN(set_source_tensor));
   m.impl("set_", TORCH_FN(set_empty));
   m.impl("_copy_from", TORCH_FN(copy_from));
   m.impl("_copy_from_and_resize", TORCH_FN(copy_from_and_resize));
