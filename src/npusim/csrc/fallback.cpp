@@ -248,6 +248,13 @@ TORCH_LIBRARY_IMPL(aten, PrivateUse1, m) {
   // mse_loss's structured composite resizes a 0-dim output (a UserWarning).
   m.impl("native_layer_norm", torch::CppFunction::makeFromBoxedFunction<&npu_fallback>());
   m.impl("mse_loss", torch::CppFunction::makeFromBoxedFunction<&npu_fallback>());
+  // Convolutions: PyTorch routes a PrivateUse1 tensor to
+  // convolution_overrideable, which has no kernel; taking the convolution
+  // entry points themselves gives CPU's convolution (and its backward) on the
+  // device memory.
+  m.impl("convolution", torch::CppFunction::makeFromBoxedFunction<&npu_fallback>());
+  m.impl("_convolution", torch::CppFunction::makeFromBoxedFunction<&npu_fallback>());
+  m.impl("convolution_backward", torch::CppFunction::makeFromBoxedFunction<&npu_fallback>());
 }
 
 TORCH_LIBRARY_IMPL(_, PrivateUse1, m) {
