@@ -21,9 +21,10 @@ namespace npusim {
 namespace {
 
 c10::DeviceIndex device_of(std::optional<c10::Device> device) {
-  if (!device.has_value() || device->index() < 0) {
+  if (!device.has_value() || device->index() == -1) {
     return current_device();
   }
+  check_device_index(device->index(), "npu tensor factory");
   return device->index();
 }
 
@@ -114,6 +115,11 @@ at::Tensor copy_from(const at::Tensor& src, const at::Tensor& dst, bool non_bloc
   if (dst.numel() == 0) {
     return dst;
   }
+  if (!dst.is_same(src)) {
+    // Every direction, at call time, with CPU's message (a failure inside
+    // the queued copy would only surface at the next synchronize).
+    at::assert_no_internal_overlap(dst);
+  }
   const bool src_npu = src.device().type() == kNpu;
   const bool dst_npu = dst.device().type() == kNpu;
   TORCH_CHECK((src_npu || src.is_cpu()) && (dst_npu || dst.is_cpu()),
@@ -133,10 +139,9 @@ at::Tensor copy_from(const at::Tensor& src, const at::Tensor& dst, bool non_bloc
           dst.is_neg() == src.is_neg()) {
         return dst;  // the same data: nothing to copy
       }
-      at::assert_no_internal_overlap(dst);
       at::assert_no_partial_overlap(dst, src);
       src_stream.enqueue([dst_alias, src_alias] { host_copy(dst_alias, src_alias); },
-          copy_task_us(nbytes));
+          copy_task_us(nbytes), "copy_");
       return dst;
     }
     // Cross-device: a two-way barrier so that no one touches dst during the
@@ -144,7 +149,7 @@ at::Tensor copy_from(const at::Tensor& src, const at::Tensor& dst, bool non_bloc
     NpuStream& dst_stream = current_stream(dst.device().index());
     stream_wait_stream(src_stream, dst_stream);
     src_stream.enqueue([dst_alias, src_alias] { host_copy(dst_alias, src_alias); },
-        link_task_us(nbytes));
+        link_task_us(nbytes), "copy_");
     stream_wait_stream(dst_stream, src_stream);
     return dst;
   }
@@ -160,7 +165,7 @@ at::Tensor copy_from(const at::Tensor& src, const at::Tensor& dst, bool non_bloc
       host_copy(staging, src_alias);
       src_alias = staging;
     }
-    stream.enqueue([dst_alias, src_alias] { host_copy(dst_alias, src_alias); }, copy_task_us(nbytes));
+    stream.enqueue([dst_alias, src_alias] { host_copy(dst_alias, src_alias); }, copy_task_us(nbytes), "copy_");
     if (!non_blocking) {
       stream.synchronize();
     }
@@ -169,7 +174,7 @@ at::Tensor copy_from(const at::Tensor& src, const at::Tensor& dst, bool non_bloc
 
   // device -> host
   NpuStream& stream = current_stream(src.device().index());
-  stream.enqueue([dst_alias, src_alias] { host_copy(dst_alias, src_alias); }, copy_task_us(nbytes));
+  stream.enqueue([dst_alias, src_alias] { host_copy(dst_alias, src_alias); }, copy_task_us(nbytes), "copy_");
   // A pageable destination is written synchronously, as the driver does: its
   // memory is not ours to keep alive until the copy runs.
   if (!non_blocking || !is_pinned_ptr(dst.storage().data())) {
@@ -219,4 +224,5 @@ TORCH_LIBRARY_IMPL(aten, Negative, m) {
   m.impl("_copy_from", torch::CppFunction::makeFallthrough());
   m.impl("_copy_from_and_resize", torch::CppFunction::makeFallthrough());
 }
+
 }  // namespace npusim
