@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 import torch
-import torch.nn.functional as F
+import torch.nn.functional as F  # noqa: N812  (the usual name)
 from torch.testing import assert_close
 
 import npusim  # noqa: F401

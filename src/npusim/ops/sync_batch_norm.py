@@ -38,16 +38,16 @@ def _invstd(var: Tensor, eps: float) -> Tensor:
     return torch.where((var == 0) & (eps == 0), torch.zeros_like(var), (var + eps).rsqrt())
 
 
-def batch_norm_stats(input: Tensor, eps: float) -> tuple[Tensor, Tensor]:
+def batch_norm_stats(inp: Tensor, eps: float) -> tuple[Tensor, Tensor]:
     """Per-channel mean and 1 / sqrt(biased variance + eps) of this rank's input."""
-    x = input.to(_acc_dtype(input))
+    x = inp.to(_acc_dtype(inp))
     dims = _reduce_dims(x)
     mean = x.mean(dims)
     var = (x - _per_channel(mean, x)).square().mean(dims)
     return mean, _invstd(var, eps)
 
 
-def batch_norm_gather_stats_with_counts(input: Tensor, mean: Tensor, invstd: Tensor, running_mean: Tensor | None,
+def batch_norm_gather_stats_with_counts(inp: Tensor, mean: Tensor, invstd: Tensor, running_mean: Tensor | None,
                                         running_var: Tensor | None, momentum: float, eps: float,
                                         counts: Tensor) -> tuple[Tensor, Tensor]:
     """Combines the ranks' (W, C) means and invstds, weighted by their (W,) counts.
@@ -68,19 +68,19 @@ def batch_norm_gather_stats_with_counts(input: Tensor, mean: Tensor, invstd: Ten
     return global_mean, _invstd(global_var, eps)
 
 
-def batch_norm_elemt(input: Tensor, weight: Tensor | None, bias: Tensor | None, mean: Tensor, invstd: Tensor,
+def batch_norm_elemt(inp: Tensor, weight: Tensor | None, bias: Tensor | None, mean: Tensor, invstd: Tensor,
                      eps: float) -> Tensor:
     """(input - mean) * invstd * weight + bias, per channel, in the input's dtype."""
-    x = input.to(mean.dtype)
+    x = inp.to(mean.dtype)
     out = (x - _per_channel(mean, x)) * _per_channel(invstd, x)
     if weight is not None:
         out = out * _per_channel(weight.to(mean.dtype), x)
     if bias is not None:
         out = out + _per_channel(bias.to(mean.dtype), x)
-    return out.to(input.dtype)
+    return out.to(inp.dtype)
 
 
-def batch_norm_backward_reduce(grad_out: Tensor, input: Tensor, mean: Tensor, invstd: Tensor,
+def batch_norm_backward_reduce(grad_out: Tensor, inp: Tensor, mean: Tensor, invstd: Tensor,
                                weight: Tensor | None, input_g: bool, weight_g: bool,
                                bias_g: bool) -> tuple[Tensor, Tensor, Tensor, Tensor]:
     """Per-channel sum(dy), sum(dy * (x - mean)), and this rank's weight and bias gradients.
@@ -91,26 +91,26 @@ def batch_norm_backward_reduce(grad_out: Tensor, input: Tensor, mean: Tensor, in
     dy = grad_out.to(mean.dtype)
     dims = _reduce_dims(dy)
     sum_dy = dy.sum(dims)
-    sum_dy_xmu = (dy * (input.to(mean.dtype) - _per_channel(mean, dy))).sum(dims)
-    param_dtype = weight.dtype if weight is not None else input.dtype
+    sum_dy_xmu = (dy * (inp.to(mean.dtype) - _per_channel(mean, dy))).sum(dims)
+    param_dtype = weight.dtype if weight is not None else inp.dtype
     return sum_dy, sum_dy_xmu, (sum_dy_xmu * invstd).to(param_dtype), sum_dy.to(param_dtype)
 
 
-def batch_norm_backward_elemt(grad_out: Tensor, input: Tensor, mean: Tensor, invstd: Tensor,
+def batch_norm_backward_elemt(grad_out: Tensor, inp: Tensor, mean: Tensor, invstd: Tensor,
                               weight: Tensor | None, sum_dy: Tensor, sum_dy_xmu: Tensor,
                               count: Tensor) -> Tensor:
     """The input gradient from the all-reduced sums over ``count.sum()`` elements per channel."""
     acc = mean.dtype
     total = count.to(acc).sum()
     dy = grad_out.to(acc)
-    x = input.to(acc)
+    x = inp.to(acc)
     mean_dy = _per_channel(sum_dy.to(acc) / total, dy)
     mean_dy_xmu = _per_channel(sum_dy_xmu.to(acc) / total, dy)
     scale = _per_channel(invstd, dy)
     if weight is not None:
         scale = scale * _per_channel(weight.to(acc), dy)
     grad = (dy - mean_dy - (x - _per_channel(mean, x)) * _per_channel(invstd.square(), x) * mean_dy_xmu) * scale
-    return grad.to(input.dtype)
+    return grad.to(inp.dtype)
 
 
 for _name, _fn in [("batch_norm_stats", batch_norm_stats),
