@@ -49,14 +49,16 @@ def test_reduced_input_and_weights_with_fp32_running_stats(dtype, training):
 
 def test_reduced_running_stats_are_updated():
     """fp32 input with bf16 running statistics: the statistics are updated in their own dtype."""
+    torch.manual_seed(0)
     x = torch.randn(16, 3)
     mean, var = torch.zeros(3, dtype=torch.bfloat16, device="npu"), torch.ones(3, dtype=torch.bfloat16, device="npu")
     F.batch_norm(x.npu(), mean, var, training=True, momentum=0.5)
     ref_mean, ref_var = torch.zeros(3), torch.ones(3)
     F.batch_norm(x, ref_mean, ref_var, training=True, momentum=0.5)
     assert mean.dtype == torch.bfloat16
-    assert_close(mean.cpu().float(), ref_mean.to(torch.bfloat16).float())
-    assert_close(var.cpu().float(), ref_var.to(torch.bfloat16).float())
+    # One bf16 rounding apart at most (fp32 result rounded vs the reference's).
+    assert_close(mean.cpu(), ref_mean.to(torch.bfloat16), atol=1e-2, rtol=1.6e-2)
+    assert_close(var.cpu(), ref_var.to(torch.bfloat16), atol=1e-2, rtol=1.6e-2)
 
 
 def test_uniform_dtype_batch_norm_is_cpu_exact():

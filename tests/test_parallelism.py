@@ -83,7 +83,7 @@ def _ddp_job(rank: int, world: int) -> list[float]:
 
 def test_ddp_matches_ddp_on_cpu_over_gloo():
     """DistributedDataParallel on npu trains exactly like DDP on CPU with gloo (losses and parameters)."""
-    for losses in run_ranks(_ddp_job, backend=BACKENDS, timeout=90):
+    for losses in run_ranks(_ddp_job, backend=BACKENDS, timeout=150):
         npu_losses, cpu_losses = losses[0::2], losses[1::2]
         assert_close(npu_losses, cpu_losses)
 
@@ -121,7 +121,7 @@ def _has_record_stream() -> bool:
                     reason="FSDP1's backward calls Tensor.record_stream, which this npusim build lacks (issue 9)")
 def test_fsdp1_matches_single_process_reference():
     """FullyShardedDataParallel on npu (flat parameters, set_ views, all-gather and reduce-scatter) matches CPU."""
-    run_ranks(_fsdp1_job, backend=BACKENDS, timeout=90)
+    run_ranks(_fsdp1_job, backend=BACKENDS, timeout=150)
 
 
 def _tp_job(rank: int, world: int) -> None:
@@ -153,4 +153,4 @@ def _tp_job(rank: int, world: int) -> None:
 
 def test_tensor_parallel_matches_single_process_reference():
     """parallelize_module (ColwiseParallel w1, RowwiseParallel w2) on npu matches the unsplit model on CPU."""
-    run_ranks(_tp_job, backend=BACKENDS, timeout=90)
+    run_ranks(_tp_job, backend=BACKENDS, timeout=150)

@@ -53,7 +53,7 @@ def test_sync_batch_norm_matches_single_process_batch_norm():
     """Outputs, input and parameter gradients and running statistics over 2 steps match CPU BatchNorm2d."""
     shape, steps = (6, 3, 4, 5), 2
     ref = _reference(shape, steps)
-    results = run_ranks(_sync_bn_rank, shape, steps, timeout=90)
+    results = run_ranks(_sync_bn_rank, shape, steps, timeout=150)
     part = shape[0] // 2
     for rank, res in enumerate(results):
         rows = slice(rank * part, (rank + 1) * part)
