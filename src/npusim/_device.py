@@ -90,6 +90,8 @@ def _drain_at_exit() -> None:
     """
     from npusim.runtime import acl
 
+    if acl.in_bad_fork():
+        return  # a forked child: the parent's streams are not ours to drain
     acl.synchronize_all()
     time.sleep(0.05)
 

@@ -21,9 +21,10 @@ namespace npusim {
 namespace {
 
 c10::DeviceIndex device_of(std::optional<c10::Device> device) {
-  if (!device.has_value() || device->index() < 0) {
+  if (!device.has_value() || device->index() == -1) {
     return current_device();
   }
+  check_device_index(device->index(), "npu tensor factory");
   return device->index();
 }
 
@@ -63,6 +64,19 @@ at::Tensor& set_source_storage(at::Tensor& self, c10::Storage source) {
   return set_storage(self, std::move(source), 0, {numel}, {});
 }
 
+// `a.set_(b)`: a shares b's storage, offset, sizes and strides (FSDP1's
+// flat-parameter views rely on it).
+at::Tensor& set_source_tensor(at::Tensor& self, const at::Tensor& source) {
+  TORCH_CHECK(self.dtype() == source.dtype(), "set_: could not set an npu tensor of type ",
+      self.dtype(), " to a tensor of type ", source.dtype());
+  TORCH_CHECK(source.device() == self.device(), "set_: attempted to set the storage of a tensor on ",
+      self.device(), " to the storage of a tensor on ", source.device());
+  if (self.is_same(source)) {
+    return self;
+  }
+  return set_storage(self, source.storage(), source.storage_offset(), source.sizes(), source.strides());
+}
+
 at::Tensor& set_empty(at::Tensor& self) {
   const c10::DeviceGuard guard(self.device());
   c10::Storage storage(c10::Storage::use_byte_size_t(), 0, device_allocator(), /*resizable=*/true);
@@ -97,6 +111,11 @@ at::Tensor copy_from(const at::Tensor& src, const at::Tensor& dst, bool non_bloc
   if (dst.numel() == 0) {
     return dst;
   }
+  if (!dst.is_same(src)) {
+    // Every direction, at call time, with CPU's message (a failure inside
+    // the queued copy would only surface at the next synchronize).
+    at::assert_no_internal_overlap(dst);
+  }
   const bool src_npu = src.device().type() == kNpu;
   const bool dst_npu = dst.device().type() == kNpu;
   TORCH_CHECK((src_npu || src.is_cpu()) && (dst_npu || dst.is_cpu()),
@@ -116,10 +135,9 @@ at::Tensor copy_from(const at::Tensor& src, const at::Tensor& dst, bool non_bloc
           dst.is_neg() == src.is_neg()) {
         return dst;  // the same data: nothing to copy
       }
-      at::assert_no_internal_overlap(dst);
       at::assert_no_partial_overlap(dst, src);
       src_stream.enqueue([dst_alias, src_alias] { host_copy(dst_alias, src_alias); },
-          copy_task_us(nbytes));
+          copy_task_us(nbytes), "copy_");
       return dst;
     }
     // Cross-device: a two-way barrier so that no one touches dst during the
@@ -127,7 +145,7 @@ at::Tensor copy_from(const at::Tensor& src, const at::Tensor& dst, bool non_bloc
     NpuStream& dst_stream = current_stream(dst.device().index());
     stream_wait_stream(src_stream, dst_stream);
     src_stream.enqueue([dst_alias, src_alias] { host_copy(dst_alias, src_alias); },
-        link_task_us(nbytes));
+        link_task_us(nbytes), "copy_");
     stream_wait_stream(dst_stream, src_stream);
     return dst;
   }
@@ -135,7 +153,7 @@ at::Tensor copy_from(const at::Tensor& src, const at::Tensor& dst, bool non_bloc
   // host <-> device, on the current stream of the npu side
   NpuStream& stream = current_stream((dst_npu ? dst : src).device().index());
   at::Tensor src_alias = dst_npu && non_blocking ? stage_pageable_sources({src})[0] : cpu_alias(src);
-  stream.enqueue([dst_alias, src_alias] { host_copy(dst_alias, src_alias); }, copy_task_us(nbytes));
+  stream.enqueue([dst_alias, src_alias] { host_copy(dst_alias, src_alias); }, copy_task_us(nbytes), "copy_");
   if (host_must_wait(dst, non_blocking)) {
     stream.synchronize();
   }
@@ -160,11 +178,28 @@ TORCH_LIBRARY_IMPL(aten, PrivateUse1, m) {
   m.impl("resize_", TORCH_FN(resize_));
   m.impl("set_.source_Storage", TORCH_FN(set_source_storage));
   m.impl("set_.source_Storage_storage_offset", TORCH_FN(set_storage));
+  m.impl("set_.source_Tensor", TORCH_FN(set_source_tensor));
   m.impl("set_", TORCH_FN(set_empty));
   m.impl("_copy_from", TORCH_FN(copy_from));
   m.impl("_copy_from_and_resize", TORCH_FN(copy_from_and_resize));
   m.impl("_local_scalar_dense", TORCH_FN(local_scalar_dense));
   m.impl("_has_compatible_shallow_copy_type", TORCH_FN(has_compatible_shallow_copy_type));
+}
+
+// As PyTorch does for copy_: the copies handle conj and neg views themselves
+// (host_copy runs CPU's copy_, which honours both bits). Through the
+// Conjugate / Negative fallbacks instead, the source would be materialised
+// by a copy that comes back here (endless recursion), and the destination,
+// not marked mutable in _copy_from's schema, materialised into a temporary
+// that is written and dropped.
+TORCH_LIBRARY_IMPL(aten, Conjugate, m) {
+  m.impl("_copy_from", torch::CppFunction::makeFallthrough());
+  m.impl("_copy_from_and_resize", torch::CppFunction::makeFallthrough());
+}
+
+TORCH_LIBRARY_IMPL(aten, Negative, m) {
+  m.impl("_copy_from", torch::CppFunction::makeFallthrough());
+  m.impl("_copy_from_and_resize", torch::CppFunction::makeFallthrough());
 }
 
 }  // namespace npusim

@@ -37,7 +37,7 @@ struct NpuGuardImpl final : public c10::impl::DeviceGuardImplInterface {
     set_current_device(d.index());
   }
   void uncheckedSetDevice(c10::Device d) const noexcept override {
-    if (d.index() >= 0 && d.index() < device_count()) {
+    if (d.index() >= 0 && d.index() < device_count() && !in_bad_fork()) {
       set_current_device(d.index());
     }
   }
@@ -66,8 +66,8 @@ struct NpuGuardImpl final : public c10::impl::DeviceGuardImplInterface {
   void record(void** event, const c10::Stream& stream, const c10::DeviceIndex device_index,
       const c10::EventFlag flag) const override {
     TORCH_CHECK(device_index == -1 || device_index == stream.device_index(),
-        "Event device index ", device_index, " does not match recording stream's device index ",
-        stream.device_index(), ".");
+        "Event device index ", static_cast<int>(device_index),
+        " does not match recording stream's device index ", static_cast<int>(stream.device_index()), ".");
     if (*event == nullptr) {
       auto* created = new NpuEvent();
       created->enable_timing = flag == c10::EventFlag::BACKEND_DEFAULT;
@@ -145,6 +145,9 @@ struct NpuHooks final : public at::PrivateUse1HooksInterface {
     return default_generator(device_index);
   }
   at::Generator getNewGenerator(c10::DeviceIndex device_index) const override {
+    if (device_index != -1) {
+      check_device_index(device_index, "npu generator");
+    }
     return new_generator(device_index);
   }
   at::Device getDeviceFromPtr(void*) const override {

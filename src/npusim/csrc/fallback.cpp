@@ -1,6 +1,8 @@
 // The stream-ordered CPU fallback: every op without an npu kernel runs with
 // PyTorch's CPU kernel on CPU views of the device memory, in place, after the
 // current stream's earlier work.
+#include "fallback.h"
+
 #include "device_hooks.h"
 #include "generator.h"
 #include "graph.h"
@@ -12,11 +14,24 @@
 #include <torch/library.h>
 
 #include <unordered_map>
+#include <unordered_set>
 
 namespace npusim {
 namespace {
 
 // ---- the fallback ---------------------------------------------------------
+
+// Note [Device rules of the fallback]
+// CPU kernels accept any CPU tensor, so without a check a CPU tensor given
+// to an npu op would be computed on (or, as a result, adopted as device
+// memory). npu follows CUDA instead (see Note [npu follows CUDA where CPU
+// differs] in cuda_semantics.cpp): the tensors of one op are on one npu,
+// except that a CPU 0-dim tensor may be read as a scalar (TensorIterator's
+// rule) and indices (Tensor?[] of index / index_put_) may be on CPU (CUDA's
+// indexing moves them); anything else raises CUDA's "Expected all tensors
+// to be on the same device" before the kernel runs, so an out= tensor on the
+// wrong device is never written. A result over a caller's CPU tensor is
+// copied, never adopted: its memory belongs to the caller.
 
 // Runs an op that has no npu kernel with PyTorch's CPU kernel on CPU views of
 // the device memory: after the current stream's earlier work, synchronously.
@@ -24,26 +39,29 @@ class FallbackCall {
  public:
   explicit FallbackCall(const c10::OperatorHandle& op) : op_(op) {}
 
-  c10::IValue to_cpu(const c10::IValue& v) {
+  // `arg` is the schema's argument: written-to arguments (out=, self of an
+  // in-place op) must be npu tensors, read ones may also be CPU scalars.
+  c10::IValue to_cpu(const c10::IValue& v, const c10::Argument& arg) {
+    const bool written = arg.alias_info() != nullptr && arg.alias_info()->isWrite();
     if (v.isTensor()) {
-      return alias(v.toTensor());
+      return alias(v.toTensor(), written ? Use::kWritten : Use::kRead);
     }
     if (v.isTensorList()) {
       c10::List<at::Tensor> out;
       for (const at::Tensor& t : v.toTensorList()) {
-        out.push_back(alias(t));
+        out.push_back(alias(t, written ? Use::kWritten : Use::kRead));
       }
       return out;
     }
     if (v.isOptionalTensorList()) {
       c10::List<std::optional<at::Tensor>> out;
       for (const std::optional<at::Tensor>& t : v.toOptionalTensorList()) {
-        out.push_back(t.has_value() ? std::optional<at::Tensor>(alias(*t)) : std::nullopt);
+        out.push_back(t.has_value() ? std::optional<at::Tensor>(alias(*t, Use::kIndex)) : std::nullopt);
       }
       return out;
     }
     if (v.isDevice() && v.toDevice().type() == kNpu) {
-      note_device(v.toDevice().index() < 0 ? current_device() : v.toDevice().index());
+      note_device(c10::Device(kNpu, v.toDevice().index() < 0 ? current_device() : v.toDevice().index()));
       return c10::IValue(c10::Device(c10::DeviceType::CPU));
     }
     return v;
@@ -102,22 +120,38 @@ class FallbackCall {
     c10::Storage device;
   };
 
-  void note_device(c10::DeviceIndex index) {
-    if (device_ < 0) {
-      device_ = index;
-      return;
+  // How an op uses a tensor argument; see Note [Device rules of the fallback].
+  enum class Use { kRead, kWritten, kIndex };
+
+  void note_device(c10::Device d) {
+    if (!first_device_) {
+      first_device_ = d;
     }
-    TORCH_CHECK(device_ == index,
-        "Expected all tensors to be on the same device, but found at least two devices, npu:",
-        static_cast<int>(device_), " and npu:", static_cast<int>(index), "! (when running ",
-        op_.schema().operator_name(), ")");
+    if (d.type() == kNpu && device_ < 0) {
+      device_ = d.index();
+    }
+    TORCH_CHECK(d == *first_device_,
+        "Expected all tensors to be on the same device, but found at least two devices, ",
+        *first_device_, " and ", d, "! (when running ", op_.schema().operator_name(), ")");
   }
 
-  at::Tensor alias(const at::Tensor& t) {
-    if (!t.defined() || t.device().type() != kNpu) {
+  at::Tensor alias(const at::Tensor& t, Use use) {
+    if (!t.defined()) {
       return t;
     }
-    note_device(t.device().index());
+    if (t.device().type() != kNpu) {
+      // CPU scalars (0-dim) are read as values, as CUDA's TensorIterator
+      // does, and CPU indices are moved by CUDA's indexing kernels; both run
+      // as they are in the CPU kernel. Their memory stays the caller's.
+      const bool accepted = t.is_cpu() &&
+          ((use == Use::kRead && t.dim() == 0) || use == Use::kIndex);
+      if (!accepted) {
+        note_device(t.device());
+      }
+      callers_.insert(t.storage().unsafeGetStorageImpl());
+      return t;
+    }
+    note_device(t.device());
     c10::StorageImpl* key = t.storage().unsafeGetStorageImpl();
     auto it = storages_.find(key);
     if (it == storages_.end()) {
@@ -145,6 +179,11 @@ class FallbackCall {
         device_storage = entry.device;  // a view of an input
       }
     }
+    if (!device_storage && callers_.count(cpu_storage) > 0) {
+      // A result over a caller's CPU tensor (a CPU scalar passed through):
+      // its memory is not ours to adopt, so the result gets a copy.
+      return back(t.clone());
+    }
     if (!device_storage) {
       auto fresh = fresh_.find(cpu_storage);
       if (fresh == fresh_.end()) {
@@ -162,7 +201,9 @@ class FallbackCall {
   }
 
   const c10::OperatorHandle& op_;
+  std::optional<c10::Device> first_device_;
   c10::DeviceIndex device_ = -1;
+  std::unordered_set<const c10::StorageImpl*> callers_;
   std::unordered_map<c10::StorageImpl*, StorageEntry> storages_;
   std::unordered_map<c10::StorageImpl*, c10::Storage> fresh_;
   std::vector<std::pair<at::Tensor, at::Tensor>> tensors_;
@@ -191,6 +232,8 @@ bool is_optional_generator(const c10::Argument& arg) {
   return opt && opt->getElementType()->kind() == c10::TypeKind::GeneratorType;
 }
 
+}  // namespace
+
 void npu_fallback(const c10::OperatorHandle& op, torch::jit::Stack* stack) {
   if (capture_fallback_op(op, stack)) {
     return;  // recorded into the npu graph capturing the current stream
@@ -200,7 +243,7 @@ void npu_fallback(const c10::OperatorHandle& op, torch::jit::Stack* stack) {
   const size_t first = stack->size() - num_args;
   FallbackCall call(op);
   for (size_t i = 0; i < num_args; ++i) {
-    (*stack)[first + i] = call.to_cpu((*stack)[first + i]);
+    (*stack)[first + i] = call.to_cpu((*stack)[first + i], schema.arguments()[i]);
   }
   const c10::DeviceIndex device = call.device();
   for (size_t i = 0; i < num_args; ++i) {
@@ -219,14 +262,19 @@ void npu_fallback(const c10::OperatorHandle& op, torch::jit::Stack* stack) {
   }
 }
 
-}  // namespace
-
 TORCH_LIBRARY_IMPL(aten, PrivateUse1, m) {
   // Without these the PrivateUse1 slot gets a composite kernel instead of
   // CPU's own: native_layer_norm's math version runs batch_norm (slower), and
   // mse_loss's structured composite resizes a 0-dim output (a UserWarning).
   m.impl("native_layer_norm", torch::CppFunction::makeFromBoxedFunction<&npu_fallback>());
   m.impl("mse_loss", torch::CppFunction::makeFromBoxedFunction<&npu_fallback>());
+  // Convolutions: PyTorch routes a PrivateUse1 tensor to
+  // convolution_overrideable, which has no kernel; taking the convolution
+  // entry points themselves gives CPU's convolution (and its backward) on the
+  // device memory.
+  m.impl("convolution", torch::CppFunction::makeFromBoxedFunction<&npu_fallback>());
+  m.impl("_convolution", torch::CppFunction::makeFromBoxedFunction<&npu_fallback>());
+  m.impl("convolution_backward", torch::CppFunction::makeFromBoxedFunction<&npu_fallback>());
 }
 
 TORCH_LIBRARY_IMPL(_, PrivateUse1, m) {

@@ -71,6 +71,7 @@ PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
   m.def("current_device", [] { return static_cast<int>(npusim::current_device()); });
   m.def("set_device", [](int i) { npusim::set_current_device(static_cast<c10::DeviceIndex>(i)); });
   m.def("set_launch_blocking", &npusim::set_launch_blocking);
+  m.def("in_bad_fork", &npusim::in_bad_fork);
 
   // streams
   m.def("current_stream", [](int device) { return stream_tuple(npusim::current_stream(device)); });

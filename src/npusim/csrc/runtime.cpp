@@ -4,6 +4,8 @@
 
 #include <c10/util/Exception.h>
 
+#include <pthread.h>
+
 #include <algorithm>
 #include <array>
 #include <cstdlib>
@@ -24,7 +26,27 @@ thread_local bool tls_is_stream_worker = false;
 // CUDA_LAUNCH_BLOCKING): a debugging aid for ordering bugs.
 std::atomic<bool> g_launch_blocking{false};
 
+// Note [Fork after npu use]
+// A forked child has only the forking thread: the parent's stream workers
+// are gone, so the first task the child enqueued would wait forever. As
+// CUDA and torch_npu do, a child forked after the npu was used is marked,
+// and its first device call raises (torch.npu._is_in_bad_fork() says so
+// too, which makes torch.manual_seed skip the npu there).
+std::atomic<bool> g_in_bad_fork{false};
+
+void mark_forked_child() {
+  if (g_devices_in_use.load()) {
+    g_in_bad_fork = true;
+  }
+}
+
+[[maybe_unused]] const int g_fork_handler_installed = pthread_atfork(nullptr, nullptr, &mark_forked_child);
+
 }  // namespace
+
+bool in_bad_fork() {
+  return g_in_bad_fork.load(std::memory_order_relaxed);
+}
 
 int device_count() {
   return g_device_count.load();
@@ -40,8 +62,12 @@ void set_device_count(int count) {
 }
 
 void check_device_index(int64_t index, const char* op) {
+  TORCH_CHECK(!in_bad_fork(), op, ": Cannot re-initialize npu in forked subprocess. To use npu "
+      "with multiprocessing, you must use the 'spawn' start method");
   TORCH_CHECK(index >= 0 && index < device_count(), op, ": invalid npu device index ",
-      index, "; expected 0 <= index < device_count() = ", device_count());
+      index, "; expected 0 <= index < device_count() = ", device_count(),
+      index < 0 ? " (torch.device keeps the index in 8 bits: an index above 127 wraps to a "
+                  "negative number)" : "");
 }
 
 c10::DeviceIndex current_device() {
@@ -126,18 +152,18 @@ c10::Stream NpuStream::unwrap() const {
       c10::Device(c10::DeviceType::PrivateUse1, device_), id_);
 }
 
-void NpuStream::enqueue(std::function<void()> fn, double duration_us) {
+void NpuStream::enqueue(std::function<void()> fn, double duration_us, const char* op) {
   if (GraphCapture* graph = capture()) {
     capture_task(*graph, std::move(fn), duration_us);
     return;
   }
-  push(std::move(fn), duration_us);
+  push(std::move(fn), duration_us, op);
   if (launch_blocking() && !tls_is_stream_worker) {
     synchronize();
   }
 }
 
-void NpuStream::push(std::function<void()> fn, double duration_us) {
+void NpuStream::push(std::function<void()> fn, double duration_us, const char* op) {
   std::lock_guard<std::mutex> lock(mutex_);
   if (!worker_) {
     worker_ = std::make_unique<std::thread>([this] { run(); });
@@ -145,7 +171,7 @@ void NpuStream::push(std::function<void()> fn, double duration_us) {
     // interpreter shutdown cannot block on it.
     worker_->detach();
   }
-  queue_.push_back(Task{std::move(fn), duration_us});
+  queue_.push_back(Task{std::move(fn), duration_us, op});
   enqueued_.fetch_add(1, std::memory_order_acq_rel);
   work_cv_.notify_one();
 }
@@ -170,11 +196,11 @@ void NpuStream::run() {
     }
     try {
       task.fn();
+    } catch (const c10::Error& e) {
+      // The message, not the worker thread's C++ backtrace.
+      record_error(task.op, e.what_without_backtrace());
     } catch (const std::exception& e) {
-      std::lock_guard<std::mutex> lock(mutex_);
-      if (error_.empty()) {
-        error_ = e.what();
-      }
+      record_error(task.op, e.what());
     }
     task.fn = nullptr;  // release captures before the task counts as complete
     {
@@ -198,13 +224,20 @@ bool NpuStream::wait_completed(uint64_t target, double timeout_s) {
   return done_cv_.wait_for(lock, std::chrono::duration<double>(timeout_s), ready);
 }
 
+void NpuStream::record_error(const char* op, const char* message) {
+  std::lock_guard<std::mutex> lock(mutex_);
+  if (error_.empty()) {
+    error_ = std::string(op != nullptr ? op : "a task") + " failed: " + message;
+  }
+}
+
 void NpuStream::raise_pending_error() {
   std::string error;
   {
     std::lock_guard<std::mutex> lock(mutex_);
     error.swap(error_);
   }
-  TORCH_CHECK(error.empty(), "npusim: an asynchronous task on ", name(), " failed: ", error);
+  TORCH_CHECK(error.empty(), "npusim: asynchronous work on ", name(), ": ", error);
 }
 
 void NpuStream::synchronize(double timeout_s) {
@@ -305,6 +338,9 @@ void synchronize_device(c10::DeviceIndex device) {
 }
 
 void synchronize_all() {
+  if (in_bad_fork()) {
+    return;  // the parent's streams are not this process's to wait for
+  }
   for (int d = 0; d < device_count(); ++d) {
     synchronize_device(static_cast<c10::DeviceIndex>(d));
   }
@@ -363,6 +399,9 @@ double event_elapsed_ms(const NpuEvent& start, const NpuEvent& end) {
       "elapsed_time: both events must be created with enable_timing=True");
   TORCH_CHECK(start.record && end.record,
       "elapsed_time: both events must be recorded before calculating elapsed time");
+  TORCH_CHECK(start.device == end.device,
+      "elapsed_time: both events must be recorded on the same device, got npu:",
+      static_cast<int>(start.device), " and npu:", static_cast<int>(end.device));
   TORCH_CHECK(event_query(start) && event_query(end),
       "elapsed_time: both events must have completed; synchronize them first");
   return std::chrono::duration<double, std::milli>(end.record->when - start.record->when).count();

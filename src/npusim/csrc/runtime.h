@@ -38,7 +38,10 @@ int device_count();
 void set_device_count(int count);
 c10::DeviceIndex current_device();
 void set_current_device(c10::DeviceIndex index);
+// Also raises in a child forked after the npu was used (Note [Fork after npu use]).
 void check_device_index(int64_t index, const char* op);
+// True in a child process forked after the parent used the npu.
+bool in_bad_fork();
 // NPUSIM_LAUNCH_BLOCKING, parsed by Python (npusim.config) and set here.
 void set_launch_blocking(bool blocking);
 
@@ -68,7 +71,8 @@ class NpuStream {
 
   // duration_us > 0 (timing model): the worker holds the stream that long
   // before running fn, so fn's effects appear when the task completes.
-  void enqueue(std::function<void()> fn, double duration_us = 0.0);
+  // `op` (a string literal) names the task in the error its failure raises.
+  void enqueue(std::function<void()> fn, double duration_us = 0.0, const char* op = nullptr);
   bool query() const {
     return completed_.load(std::memory_order_acquire) ==
         enqueued_.load(std::memory_order_acquire);
@@ -95,9 +99,11 @@ class NpuStream {
   struct Task {
     std::function<void()> fn;
     double duration_us;
+    const char* op;
   };
   void run();
-  void push(std::function<void()> fn, double duration_us);
+  void push(std::function<void()> fn, double duration_us, const char* op);
+  void record_error(const char* op, const char* message);
   void raise_pending_error();
 
   const c10::DeviceIndex device_;
@@ -109,7 +115,7 @@ class NpuStream {
   std::deque<Task> queue_;
   std::atomic<uint64_t> enqueued_{0};
   std::atomic<uint64_t> completed_{0};
-  std::string error_;  // first failure of an asynchronous task
+  std::string error_;  // first failure of an asynchronous task: "<op> failed: <message>"
   std::atomic<GraphCapture*> capture_{nullptr};
   std::unique_ptr<std::thread> worker_;
 };

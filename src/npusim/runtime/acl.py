@@ -26,6 +26,8 @@ current_device: Callable[[], int] = C.current_device
 set_device: Callable[[int], None] = C.set_device
 register_device: Callable[[], None] = C.register_device
 set_launch_blocking: Callable[[bool], None] = C.set_launch_blocking
+# True in a child forked after the npu was used (its device calls raise).
+in_bad_fork: Callable[[], bool] = C.in_bad_fork
 
 # ---- streams (aclrtCreateStream, aclrtSynchronizeStream, ...) ---------------
 

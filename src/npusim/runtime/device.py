@@ -37,20 +37,29 @@ def current_device() -> int:
 
 
 def _get_device_index(device: _device_t, optional: bool = True) -> int:
-    """Resolves ``device`` to an npu index; None means the current device."""
+    """Resolves ``device`` to an npu index; None means the current device.
+
+    An index outside ``0 <= index < device_count()`` raises (as CUDA's
+    "invalid device ordinal"); -1 passes through, meaning "none" to callers.
+    """
     if device is None:
         if optional:
             return acl.current_device()
         raise ValueError("Expected an npu device, got None")
-    if isinstance(device, int):
-        return device
     if isinstance(device, str):
         device = torch.device(device)
-    if not isinstance(device, torch.device):
+    if isinstance(device, torch.device):
+        if device.type != "npu":
+            raise ValueError(f"Expected an npu device, got {device}")
+        if device.index is None:
+            return acl.current_device()
+        device = device.index
+    if not isinstance(device, int):
         raise TypeError(f"Expected a torch.device, str or int for an npu device, got {type(device).__name__}")
-    if device.type != "npu":
-        raise ValueError(f"Expected an npu device, got {device}")
-    return acl.current_device() if device.index is None else device.index
+    if device != -1 and not 0 <= device < acl.device_count():
+        raise RuntimeError(f"Invalid npu device index {device}: expected 0 <= index < device_count() = "
+                           f"{acl.device_count()}")
+    return device
 
 
 def set_device(device: _device_t) -> None:

@@ -85,5 +85,9 @@ def set_rng_state_all(new_states: Iterable[torch.Tensor]) -> None:
 
 
 def _is_in_bad_fork() -> bool:
-    """torch.random asks this before seeding; the simulated device survives fork."""
-    return False
+    """True in a child forked after the npu was used, where device calls raise.
+
+    torch.random asks this before seeding, and skips the npu there. See
+    Note [Fork after npu use] in csrc/runtime.cpp.
+    """
+    return acl.in_bad_fork()
