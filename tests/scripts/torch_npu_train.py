@@ -15,6 +15,9 @@ import torch_npu  # noqa: F401
 from torch.utils.data import DataLoader, TensorDataset
 
 
+EPOCHS = 3
+
+
 def build_model() -> torch.nn.Module:
     torch.manual_seed(0)
     return torch.nn.Sequential(torch.nn.Linear(16, 32), torch.nn.ReLU(), torch.nn.Linear(32, 4))
@@ -23,8 +26,8 @@ def build_model() -> torch.nn.Module:
 def data() -> DataLoader:
     g = torch.Generator().manual_seed(1)
     x = torch.randn(64, 16, generator=g)
-    y = torch.randint(0, 4, (64,), generator=g)
-    return DataLoader(TensorDataset(x, y), batch_size=16, pin_memory=True, pin_memory_device="npu")
+    y = x[:, :4].argmax(dim=1)  # learnable labels
+    return DataLoader(TensorDataset(x, y), batch_size=16, pin_memory=True)
 
 
 def train_single(checkpoint: str) -> dict:
@@ -34,7 +37,8 @@ def train_single(checkpoint: str) -> dict:
     optimizer = torch.optim.SGD(model.parameters(), lr=0.1)
     scaler = torch.npu.amp.GradScaler()
     losses, pinned = [], True
-    for x, y in data():
+    batches = [batch for _ in range(EPOCHS) for batch in data()]
+    for x, y in batches:
         pinned = pinned and x.is_pinned()
         x, y = x.to(device, non_blocking=True), y.to(device, non_blocking=True)
         optimizer.zero_grad()
@@ -72,7 +76,7 @@ def train_fsdp() -> dict:
     optimizer = torch.optim.SGD(model.parameters(), lr=0.1)
     losses = []
     rank, world = dist.get_rank(), dist.get_world_size()
-    for x, y in data():
+    for x, y in [batch for _ in range(EPOCHS) for batch in data()]:
         shard = slice(rank * len(x) // world, (rank + 1) * len(x) // world)
         x, y = x[shard].to(device, non_blocking=True), y[shard].to(device, non_blocking=True)
         optimizer.zero_grad()
