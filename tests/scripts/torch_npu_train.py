@@ -14,7 +14,6 @@ import torch.distributed as dist
 import torch_npu  # noqa: F401
 from torch.utils.data import DataLoader, TensorDataset
 
-
 EPOCHS = 3
 
 
