@@ -278,7 +278,13 @@ def _free_under_running_collective(rank: int, world: int) -> dict[str, int]:
         during = torch.npu.memory_reserved()
         work.wait()
         torch.npu.synchronize()
+    # The comm thread counts a job finished just after completing it, so the
+    # block may still be pending for a moment: empty_cache returns it once cached.
+    deadline = time.monotonic() + 5.0
     torch.npu.empty_cache()
+    while torch.npu.memory_reserved() == reserved and time.monotonic() < deadline:
+        time.sleep(0.01)
+        torch.npu.empty_cache()
     return {"reserved": reserved, "during": during, "after": torch.npu.memory_reserved()}
 
 
