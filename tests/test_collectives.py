@@ -270,6 +270,7 @@ def _free_under_running_collective(rank: int, world: int) -> dict[str, int]:
     with npusim.timing.model(link_gbps=SLOW_LINK_GBPS):
         t = torch.full((n,), rank + 1.0, device=NPU)
         torch.npu.synchronize()
+        torch.npu.empty_cache()  # only t's block is to be given back below
         reserved = torch.npu.memory_reserved()
         work = dist.all_reduce(t, async_op=True)
         time.sleep(0.05)  # the collective is running on the comm stream
@@ -277,7 +278,13 @@ def _free_under_running_collective(rank: int, world: int) -> dict[str, int]:
         during = torch.npu.memory_reserved()
         work.wait()
         torch.npu.synchronize()
+    # The comm thread counts a job finished just after completing it, so the
+    # block may still be pending for a moment: empty_cache returns it once cached.
+    deadline = time.monotonic() + 5.0
     torch.npu.empty_cache()
+    while torch.npu.memory_reserved() == reserved and time.monotonic() < deadline:
+        time.sleep(0.01)
+        torch.npu.empty_cache()
     return {"reserved": reserved, "during": during, "after": torch.npu.memory_reserved()}
 
 

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import gc
+
 import pytest
 import torch
 
@@ -47,6 +49,7 @@ def test_compute_outputs_are_accounted():
 def test_out_of_memory_error_and_recovery():
     """Going over capacity raises OutOfMemoryError naming device, request and free bytes; work goes on."""
     torch.npu.synchronize()
+    torch.npu.empty_cache()  # cached blocks would be flushed to make room (test_caching_allocator.py)
     used = torch.npu.memory_reserved()
     torch.npu.set_memory_capacity(used + 4 * MIB)
     keep = torch.empty(3 * MIB, dtype=torch.uint8, device="npu")
@@ -54,7 +57,7 @@ def test_out_of_memory_error_and_recovery():
         torch.empty(2 * MIB, dtype=torch.uint8, device="npu")
     message = str(info.value)
     assert "npu:0" in message and "2.00 MiB (2097152 bytes)" in message and "1.00 MiB free (1048576 bytes)" in message
-    assert torch.npu.memory_stats()["num_ooms"] >= 1
+    assert torch.npu.memory_stats()["num_ooms"] >= 1 and "npu:0" in torch.npu.memory_summary()
     del keep
     again = torch.empty(2 * MIB, dtype=torch.uint8, device="npu")  # the process carries on
     assert again.numel() == 2 * MIB
@@ -69,6 +72,7 @@ def test_free_is_deferred_while_a_stream_may_use_the_block():
     a = torch.ones(4 * MIB, device="npu")
     b = torch.empty_like(a)
     torch.npu.synchronize()
+    torch.npu.empty_cache()
     reserved = torch.npu.memory_reserved()
     with npusim.timing.model(copy_gbps=0.1):
         b.copy_(a)
@@ -82,6 +86,7 @@ def test_free_is_deferred_while_a_stream_may_use_the_block():
 
 def test_storage_resize_to_zero_and_back():
     """untyped_storage().resize_(0) frees device memory and resize_(n) re-allocates (FSDP2's pattern)."""
+    gc.collect()  # earlier tests' tracebacks hold tensors in cycles; freeing them mid-test would skew the count
     t = torch.ones(MIB // 4, device="npu")
     before = torch.npu.memory_allocated()
     t.untyped_storage().resize_(0)
@@ -91,8 +96,12 @@ def test_storage_resize_to_zero_and_back():
     assert torch.npu.memory_allocated() == before and t.sum().item() == 3.0 * (MIB // 4)
 
 
+def _state(address: int) -> str:
+    return {s["address"]: s for s in torch.npu.memory_snapshot()}[address]["blocks"][0]["state"]
+
+
 def test_deferred_free_survives_repeated_reclaims():
-    """A block freed under a pending copy stays reserved across reclaims until the stream passes it."""
+    """A block freed under a pending copy stays pending across reclaims until the stream passes it, then is cached."""
     import npusim
 
     with npusim.timing.model(launch_us=20000):
@@ -101,13 +110,17 @@ def test_deferred_free_survives_repeated_reclaims():
         src = torch.full((1024,), 5.0, device="npu")
         dst = torch.empty(1024, device="npu")
         dst.copy_(src)
-        reserved = torch.npu.memory_reserved()
+        address = src.data_ptr()
         del src
         # Every allocation reclaims deferred frees; none may release src yet.
         fillers = [torch.empty(16, device="npu") for _ in range(4)]
         assert torch.npu.current_stream().pending() > 0
-        assert torch.npu.memory_reserved() == reserved + 4 * 64
+        assert _state(address) == "active_pending_free"
+        assert address not in {f.data_ptr() for f in fillers}
         torch.npu.synchronize()
+    assert _state(address) == "inactive"
+    reserved = torch.npu.memory_reserved()
     torch.npu.empty_cache()
-    assert torch.npu.memory_reserved() == reserved + 4 * 64 - 4096
+    assert address not in {s["address"] for s in torch.npu.memory_snapshot()}
+    assert torch.npu.memory_reserved() <= reserved - 4096
     assert dst.cpu().eq(5.0).all() and len(fillers) == 4

@@ -27,7 +27,7 @@ class BackendConflictError(RuntimeError):
 
 def _check_privateuse1_is_free() -> None:
     name = torch._C._get_privateuse1_backend_name()
-    if "torch_npu" in sys.modules:
+    if "torch_npu" in sys.modules and not getattr(sys.modules["torch_npu"], "__npusim_shim__", False):
         raise BackendConflictError(
             "npusim cannot be imported: torch_npu (a real NPU backend) is already loaded and owns "
             "the PrivateUse1 device. Use one or the other in a process.")
@@ -44,14 +44,22 @@ def _check_privateuse1_is_free() -> None:
             f"npusim cannot be imported: torch.npu is already provided by {torch.npu.__name__!r}.")
 
 
+# Physical NPUs of the simulated node when NPUSIM_DEVICE_COUNT is unset (csrc/runtime.cpp's default).
+DEFAULT_DEVICE_COUNT = 8
+
+
 def apply_settings() -> None:
     """Hands the C++ core the settings it needs before the first device is used."""
     from npusim.runtime import acl
 
     count = config.env("NPUSIM_DEVICE_COUNT")
-    if count:
-        acl.set_device_count(config.parse_int(count, "NPUSIM_DEVICE_COUNT", 1, 16))
+    physical = config.parse_int(count, "NPUSIM_DEVICE_COUNT", 1, 16) if count else DEFAULT_DEVICE_COUNT
+    visible = config.parse_visible_devices(config.raw("ASCEND_RT_VISIBLE_DEVICES"), physical)
+    acl.set_device_count(len(visible))
     acl.set_launch_blocking(config.parse_bool(config.env("NPUSIM_LAUNCH_BLOCKING"), "NPUSIM_LAUNCH_BLOCKING"))
+    conf = config.parse_alloc_conf(config.env("PYTORCH_NPU_ALLOC_CONF"))
+    acl.set_allocator_settings(-1 if conf.max_split_size is None else conf.max_split_size,
+                               conf.garbage_collection_threshold, conf.roundup_power2_divisions)
 
 
 def _register() -> None:
@@ -71,11 +79,11 @@ def _register() -> None:
     from npusim.runtime import memory, timing
 
     timing.apply_env()
+    # The device's total memory: the profile's HBM size unless NPUSIM_MEMORY_CAPACITY says otherwise.
     capacity = config.env("NPUSIM_MEMORY_CAPACITY")
-    if capacity:
-        nbytes = config.parse_bytes(capacity, "NPUSIM_MEMORY_CAPACITY")
-        for index in range(acl.device_count()):
-            memory.set_memory_capacity(nbytes, index)
+    nbytes = config.parse_bytes(capacity, "NPUSIM_MEMORY_CAPACITY") if capacity else None
+    for index in range(acl.device_count()):
+        memory.set_memory_capacity(nbytes, index)
 
 
 def _drain_at_exit() -> None:

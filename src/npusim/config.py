@@ -1,4 +1,6 @@
-"""Every ``NPUSIM_*`` environment variable, parsed in one place.
+"""Every environment variable npusim reads, parsed in one place: the
+``NPUSIM_*`` ones and the two of torch_npu it honours
+(``ASCEND_RT_VISIBLE_DEVICES``, ``PYTORCH_NPU_ALLOC_CONF``).
 
 Each variable is read through :func:`env` (the raw text) and one of the typed
 readers below, so that a bad value always gives a :class:`ConfigError` that
@@ -31,8 +33,11 @@ class Variable(NamedTuple):
 
 
 VARIABLES: dict[str, Variable] = {v.name: v for v in (
-    Variable("NPUSIM_DEVICE_COUNT", "", "simulated devices per process (an integer in [1, 16])"),
-    Variable("NPUSIM_MEMORY_CAPACITY", "", "per-device capacity, a byte size such as 512MiB (default unlimited)"),
+    Variable("NPUSIM_DEVICE_COUNT", "", "simulated devices per process (an integer in [1, 16]; default 8)"),
+    Variable("ASCEND_RT_VISIBLE_DEVICES", "", "torch_npu's device filter: ascending device ids, e.g. 0,1"),
+    Variable("TORCH_NPU_DEVICE_CAPABILITY", "", "what torch.npu.get_device_capability reports, e.g. 8.0"),
+    Variable("PYTORCH_NPU_ALLOC_CONF", "", "caching allocator settings, e.g. max_split_size_mb:128"),
+    Variable("NPUSIM_MEMORY_CAPACITY", "", "per-device capacity such as 512MiB (default: the profile's HBM size)"),
     Variable("NPUSIM_PROFILE", "training_soc", "capability preset"),
     Variable("NPUSIM_PROFILE_OVERRIDES", "", "per-flag profile overrides, e.g. nd_out=0,batch=1"),
     Variable("NPUSIM_TIMING", "", "timing model, e.g. copy_gbps=2,launch_us=20,link_gbps=1 (default off)"),
@@ -49,6 +54,13 @@ def env(name: str, environ: Mapping[str, str] | None = None) -> str:
         raise KeyError(f"npusim config: {name} is not a registered variable")
     value = (os.environ if environ is None else environ).get(name, "").strip()
     return value or VARIABLES[name].default
+
+
+def raw(name: str, environ: Mapping[str, str] | None = None) -> str | None:
+    """The unstripped text of a registered variable, None when unset (where empty differs from unset)."""
+    if name not in VARIABLES:
+        raise KeyError(f"npusim config: {name} is not a registered variable")
+    return (os.environ if environ is None else environ).get(name)
 
 
 def fail(name: str, expected: str, got: str) -> ConfigError:
@@ -108,14 +120,88 @@ def parse_bytes(text: str, name: str = "npusim") -> int:
     return int(float(match.group(1)) * _UNITS[match.group(2).lower()])
 
 
-def parse_settings(text: str, name: str, readers: Mapping[str, Callable[[str, str], T]]) -> dict[str, T]:
-    """Parses ``"key=value,key=value"``: each key must be one of ``readers``, whose
-    reader turns the value's text into a setting (it is given ``"NAME key"`` for errors)."""
+def parse_settings(text: str, name: str, readers: Mapping[str, Callable[[str, str], T]],
+                   assign: str = "=") -> dict[str, T]:
+    """Parses ``"key=value,key=value"`` (``assign`` is the ``=``): each key must be one of
+    ``readers``, whose reader turns the value's text into a setting (it is given
+    ``"NAME key"`` for errors)."""
     settings: dict[str, T] = {}
     for item in filter(None, (part.strip() for part in text.split(","))):
-        key, sep, value = item.partition("=")
+        key, sep, value = item.partition(assign)
         key = key.strip()
         if not sep or key not in readers:
-            raise fail(name, f"comma-separated key=value with keys {', '.join(sorted(readers))}", item)
+            raise fail(name, f"comma-separated key{assign}value with keys {', '.join(sorted(readers))}", item)
         settings[key] = readers[key](value, f"{name} {key}")
     return settings
+
+
+def parse_visible_devices(text: str | None, physical: int) -> list[int]:
+    """``ASCEND_RT_VISIBLE_DEVICES`` read as torch_npu reads it: the digits and commas up to the
+    first other character; ids must ascend; ids at or past ``physical`` end the list.
+    None (unset) shows every device."""
+    if text is None:
+        return list(range(physical))
+    prefix = re.match(r"[\d,]*", text).group(0)
+    ids: list[int] = []
+    for part in prefix.split(","):
+        if not part:
+            break
+        value = int(part)
+        if ids and value <= ids[-1]:
+            raise fail("ASCEND_RT_VISIBLE_DEVICES", "ascending device ids such as '0,1,2'", text)
+        if value >= physical:
+            break
+        ids.append(value)
+    if not ids:
+        raise fail("ASCEND_RT_VISIBLE_DEVICES", f"at least one device id below {physical} (the simulated node's "
+                   "NPUs; NPUSIM_DEVICE_COUNT sets how many)", text)
+    return ids
+
+
+class AllocConf(NamedTuple):
+    """``PYTORCH_NPU_ALLOC_CONF``; see Note [Caching allocator] in csrc/memory.cpp."""
+
+    max_split_size: int | None = None  # bytes; None: no limit
+    garbage_collection_threshold: float = 0.0
+    roundup_power2_divisions: int = 0
+    expandable_segments: bool = False  # accepted; every block is its own host allocation
+
+
+# torch_npu keys that have no meaning for host memory: accepted so that scripts run, no effect.
+ALLOC_CONF_IGNORED = ("base_addr_aligned_kb", "page_size", "pinned_mem_register", "segment_size_mb")
+
+
+def parse_alloc_conf(text: str) -> AllocConf:
+    """Parses ``"max_split_size_mb:128,garbage_collection_threshold:0.6"``."""
+    name = "PYTORCH_NPU_ALLOC_CONF"
+
+    def megabytes(value: str, label: str) -> int:
+        mb = parse_int(value, label, 20, 1 << 30)  # CUDA's minimum split size is 20 MB
+        return mb << 20
+
+    def threshold(value: str, label: str) -> float:
+        fraction = parse_float(value, label, 0.0)
+        if not 0.0 < fraction < 1.0:
+            raise fail(label, "a number in (0, 1)", value)
+        return fraction
+
+    def divisions(value: str, label: str) -> int:
+        count = parse_int(value, label, 1, 64)
+        if count & (count - 1):
+            raise fail(label, "a power of two in [1, 64]", value)
+        return count
+
+    readers: dict[str, Callable[[str, str], object]] = {
+        "max_split_size_mb": megabytes,
+        "garbage_collection_threshold": threshold,
+        "roundup_power2_divisions": divisions,
+        "expandable_segments": parse_bool,
+    }
+    readers.update({key: (lambda value, label: value) for key in ALLOC_CONF_IGNORED})
+    settings = parse_settings(text, name, readers, assign=":")
+    return AllocConf(
+        max_split_size=settings.get("max_split_size_mb"),  # type: ignore[arg-type]
+        garbage_collection_threshold=settings.get("garbage_collection_threshold", 0.0),  # type: ignore[arg-type]
+        roundup_power2_divisions=settings.get("roundup_power2_divisions", 0),  # type: ignore[arg-type]
+        expandable_segments=settings.get("expandable_segments", False),  # type: ignore[arg-type]
+    )

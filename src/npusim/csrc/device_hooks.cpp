@@ -8,6 +8,7 @@
 #include "runtime.h"
 
 #include <ATen/detail/PrivateUse1HooksInterface.h>
+#include <c10/core/DeviceCapability.h>
 #include <c10/core/impl/DeviceGuardImplInterface.h>
 #include <c10/core/impl/alloc_cpu.h>
 
@@ -101,8 +102,12 @@ struct NpuGuardImpl final : public c10::impl::DeviceGuardImplInterface {
     TORCH_CHECK(start && end, "elapsed_time: both events must be recorded first");
     return event_elapsed_ms(*as_event(start), *as_event(end));
   }
-  void recordDataPtrOnStream(const c10::DataPtr&, const c10::Stream&) const override {
-    // Frees are already stream-ordered for every stream (Note [Stream-ordered free]).
+  void recordDataPtrOnStream(const c10::DataPtr& data, const c10::Stream& stream) const override {
+    record_stream(data, stream);
+  }
+  c10::DeviceCapability getDeviceCapability(c10::Device d) const override {
+    check_device_index(d.index() < 0 ? current_device() : d.index(), "get_device_capability");
+    return c10::DeviceCapability();  // every dtype can be allocated and converted
   }
 };
 

@@ -1,5 +1,6 @@
-// Device and pinned host memory of the simulated NPU: allocation with
-// per-device accounting and capacity, and stream-ordered release.
+// Device and pinned host memory of the simulated NPU: a caching allocator
+// with per-device accounting (CUDA's DeviceStats) and capacity, and
+// stream-ordered release.
 #include "memory.h"
 
 #include "graph.h"
@@ -9,10 +10,12 @@
 
 #include <algorithm>
 #include <array>
+#include <chrono>
 #include <cstdlib>
 #include <cstring>
 #include <map>
 #include <sstream>
+#include <unordered_set>
 
 namespace npusim {
 
@@ -21,12 +24,35 @@ namespace npusim {
 // Note [Stream-ordered free]
 // Device memory is host memory that stream workers read and write after the
 // host has moved on. A block freed by the host (tensor dropped, FSDP's
-// storage.resize_(0)) may still be the target of queued work, so its release
-// is deferred until every stream that had pending work at the time of the
-// free has passed that point. `allocated` drops at once, as on CUDA;
-// `reserved` keeps counting the block until it is really released.
+// storage.resize_(0)) may still be the target of queued work, so it is not
+// handed out again until every stream that had pending work at the time of
+// the free (and every stream recorded with Tensor.record_stream) has passed
+// that point. This is stricter than CUDA, which waits only for recorded
+// streams: npusim's host-side kernels and comm threads make a missing
+// record_stream a silent data race, so it is never relied on. The one
+// relaxation is CUDA's: a block whose only unfinished work is on the stream
+// it was allocated on may be reused by an allocation on that same stream,
+// whose work is ordered after it. `allocated` drops at once, as on CUDA;
+// `reserved` counts the block until it is returned to the host.
+
+// Note [Caching allocator]
+// Each block is one host allocation (a "segment" of one block: npusim never
+// splits). Requests are rounded up to 512 bytes (and to a power-of-two
+// division with roundup_power2_divisions); the small pool holds blocks under
+// 1 MiB, the large pool the rest. A freed block that no stream can touch is
+// cached per (device, allocation stream, size); an allocation takes a cached
+// block of its stream and exact size (an oversize block, at least
+// max_split_size, serves any request within 20 MiB below it, as on CUDA).
+// Over capacity the cache is returned to the host and the allocation retried
+// (num_alloc_retries), then the device is synchronized and retried once more,
+// then OutOfMemoryError. Memory produced by CPU kernels (the fallback's
+// fresh outputs) is accounted but never cached: the CPU allocator owns it.
 
 namespace {
+
+constexpr size_t kMinBlockSize = 512;
+constexpr size_t kSmallSize = 1 << 20;
+constexpr size_t kLargeBuffer = 20 << 20;
 
 std::string format_bytes(int64_t n) {
   std::ostringstream out;
@@ -42,32 +68,52 @@ std::string format_bytes(int64_t n) {
   return out.str();
 }
 
+int64_t now_us() {
+  return std::chrono::duration_cast<std::chrono::microseconds>(
+      std::chrono::system_clock::now().time_since_epoch()).count();
+}
 
 struct Block {
   void* ptr = nullptr;
-  size_t size = 0;
+  size_t size = 0;  // bytes of the segment (accounted size)
+  size_t requested = 0;
   c10::DeviceIndex device = -1;  // -1: pinned host memory
+  c10::StreamId stream = 0;      // allocation stream
   c10::DataPtr adopted;          // memory produced by a CPU kernel
+  bool allocated = false;
+  std::vector<c10::StreamId> recorded;  // Tensor.record_stream (same device)
 };
 
 struct PendingFree {
   Block* block;
   std::vector<Fence> fences;
+  const std::atomic<uint64_t>* own_counter;  // the allocation stream's
 };
 
-std::mutex& g_pending_mutex = *new std::mutex();
-std::vector<PendingFree>& g_pending = *new std::vector<PendingFree>();
+using StatArray = c10::CachingDeviceAllocator::StatArray;
+
+struct DevicePool {
+  std::mutex mutex;
+  c10::CachingDeviceAllocator::DeviceStats stats;
+  std::multimap<std::pair<c10::StreamId, size_t>, Block*> cached;
+  std::vector<PendingFree> pending;
+  std::unordered_set<Block*> blocks;  // every live segment, for snapshots
+  std::deque<TraceEntry> trace;
+  std::atomic<int64_t> capacity{-1};
+  std::atomic<double> fraction{1.0};
+};
+
+std::array<DevicePool, kMaxDevices>& g_pools = *new std::array<DevicePool, kMaxDevices>();
 std::atomic<size_t> g_pending_count{0};
+std::atomic<bool> g_trace_enabled{false};
+std::atomic<size_t> g_trace_max{0};
+
+std::mutex& g_settings_mutex = *new std::mutex();
+AllocatorSettings g_settings;
 
 std::mutex& g_pinned_mutex = *new std::mutex();
 std::map<uintptr_t, size_t>& g_pinned_ranges = *new std::map<uintptr_t, size_t>();
-
-std::array<MemoryStats, kMaxDevices> g_device_stats;
-MemoryStats g_pinned_stats;
-
-MemoryStats& stats_of(const Block& b) {
-  return b.device < 0 ? g_pinned_stats : g_device_stats[b.device];
-}
+HostStats g_host_stats;
 
 void bump_peak(std::atomic<int64_t>& peak, int64_t value) {
   int64_t prev = peak.load();
@@ -75,18 +121,61 @@ void bump_peak(std::atomic<int64_t>& peak, int64_t value) {
   }
 }
 
-void account_alloc(MemoryStats& s, int64_t n) {
-  bump_peak(s.peak_allocated, s.allocated.fetch_add(n) + n);
-  bump_peak(s.peak_reserved, s.reserved.fetch_add(n) + n);
-  s.num_allocs.fetch_add(1);
+void update(StatArray& stat, size_t block_size, int64_t amount) {
+  const size_t pool = block_size < kSmallSize ? 1 : 2;
+  for (size_t i : {static_cast<size_t>(0), pool}) {
+    if (amount >= 0) {
+      stat[i].increase(static_cast<size_t>(amount));
+    } else {
+      stat[i].decrease(static_cast<size_t>(-amount));
+    }
+  }
 }
 
-void release(Block* b) {
-  if (b->device < 0) {
-    std::lock_guard<std::mutex> lock(g_pinned_mutex);
-    g_pinned_ranges.erase(reinterpret_cast<uintptr_t>(b->ptr));
+void trace_locked(DevicePool& p, const char* action, const Block& b) {
+  if (!g_trace_enabled.load(std::memory_order_relaxed)) {
+    return;
   }
-  stats_of(*b).reserved.fetch_sub(static_cast<int64_t>(b->size));
+  p.trace.push_back(TraceEntry{action, reinterpret_cast<uintptr_t>(b.ptr), b.size, b.stream, now_us()});
+  while (p.trace.size() > g_trace_max.load()) {
+    p.trace.pop_front();
+  }
+}
+
+size_t round_size(size_t nbytes) {
+  size_t divisions = 0;
+  {
+    std::lock_guard<std::mutex> lock(g_settings_mutex);
+    divisions = g_settings.roundup_power2_divisions;
+  }
+  size_t size = nbytes;
+  if (divisions > 1 && size > kMinBlockSize) {
+    const size_t floor2 = size_t{1} << (63 - __builtin_clzll(size));
+    const size_t step = std::max(floor2 / divisions, kMinBlockSize);
+    size = floor2 + (size - floor2 + step - 1) / step * step;
+  }
+  return (size + kMinBlockSize - 1) / kMinBlockSize * kMinBlockSize;
+}
+
+int64_t limit_of(const DevicePool& p) {
+  const int64_t cap = p.capacity.load();
+  return cap < 0 ? -1 : static_cast<int64_t>(static_cast<double>(cap) * p.fraction.load());
+}
+
+int64_t reserved_of(const DevicePool& p) {
+  return p.stats.reserved_bytes[0].current;
+}
+
+// Returns a segment to the host (pool lock held).
+void release_locked(DevicePool& p, Block* b) {
+  update(p.stats.reserved_bytes, b->size, -static_cast<int64_t>(b->size));
+  update(p.stats.segment, b->size, -1);
+  if (b->size >= g_settings.max_split_size) {
+    p.stats.oversize_segments.decrease(1);
+  }
+  p.stats.num_device_free += 1;
+  trace_locked(p, "segment_free", *b);
+  p.blocks.erase(b);
   if (b->adopted) {
     b->adopted.clear();
   } else {
@@ -95,16 +184,224 @@ void release(Block* b) {
   delete b;
 }
 
-void free_block(void* ctx) {
-  auto* b = static_cast<Block*>(ctx);
-  stats_of(*b).allocated.fetch_sub(static_cast<int64_t>(b->size));
-  auto fences = pending_stream_fences();
-  if (fences.empty()) {
-    release(b);
+// The block is free and no stream can touch it any more (pool lock held).
+void finish_free_locked(DevicePool& p, Block* b) {
+  update(p.stats.active, b->size, -1);
+  update(p.stats.active_bytes, b->size, -static_cast<int64_t>(b->size));
+  b->recorded.clear();
+  trace_locked(p, "free_completed", *b);
+  if (b->adopted) {
+    release_locked(p, b);
+  } else {
+    p.cached.emplace(std::make_pair(b->stream, b->size), b);
+  }
+}
+
+int64_t free_cached_locked(DevicePool& p) {
+  int64_t released = 0;
+  for (auto& [key, b] : p.cached) {
+    released += static_cast<int64_t>(b->size);
+    release_locked(p, b);
+  }
+  p.cached.clear();
+  return released;
+}
+
+bool fence_passed(const Fence& fence) {
+  return fence.first->load(std::memory_order_acquire) >= fence.second;
+}
+
+// Moves pending frees whose fences have passed into the cache (lock held).
+int64_t reclaim_locked(DevicePool& p) {
+  int64_t moved = 0;
+  // stable_partition, not a hand-written compaction: a self-move of the
+  // fences vector would empty it and release a block that is still in use.
+  auto keep = std::stable_partition(p.pending.begin(), p.pending.end(), [](const PendingFree& pending) {
+    return !std::all_of(pending.fences.begin(), pending.fences.end(), fence_passed);
+  });
+  for (auto it = keep; it != p.pending.end(); ++it) {
+    moved += static_cast<int64_t>(it->block->size);
+    finish_free_locked(p, it->block);
+  }
+  g_pending_count.fetch_sub(static_cast<size_t>(std::distance(keep, p.pending.end())));
+  p.pending.erase(keep, p.pending.end());
+  return moved;
+}
+
+bool is_oversize(size_t size) {
+  return size >= g_settings.max_split_size;
+}
+
+// A cached or same-stream pending block for `size` on `stream` (lock held).
+Block* take_reusable_locked(DevicePool& p, c10::StreamId stream, size_t size, bool* was_active) {
+  const bool oversize = is_oversize(size);
+  auto it = p.cached.lower_bound({stream, size});
+  if (it != p.cached.end() && it->first.first == stream &&
+      (it->first.second == size || (oversize && it->first.second < size + kLargeBuffer))) {
+    Block* b = it->second;
+    p.cached.erase(it);
+    *was_active = false;
+    return b;
+  }
+  // Note [Stream-ordered free]: work left only on the block's own stream is
+  // ordered before anything the new owner enqueues there.
+  for (auto pending = p.pending.begin(); pending != p.pending.end(); ++pending) {
+    Block* b = pending->block;
+    if (b->stream != stream || b->size != size || b->adopted) {
+      continue;
+    }
+    const bool only_own = std::all_of(pending->fences.begin(), pending->fences.end(), [&](const Fence& f) {
+      return f.first == pending->own_counter || fence_passed(f);
+    });
+    if (only_own) {
+      p.pending.erase(pending);
+      g_pending_count.fetch_sub(1);
+      b->recorded.clear();
+      *was_active = true;
+      return b;
+    }
+  }
+  return nullptr;
+}
+
+void raise_oom(DevicePool& p, c10::DeviceIndex device, size_t nbytes, const std::string& why) {
+  p.stats.num_ooms += 1;
+  const int64_t limit = limit_of(p);
+  const int64_t free_bytes = std::max<int64_t>(0, limit - reserved_of(p));
+  const int64_t allocated = p.stats.allocated_bytes[0].current;
+  const int64_t reserved = reserved_of(p);
+  if (g_trace_enabled.load()) {
+    Block fake;
+    fake.size = nbytes;
+    trace_locked(p, "oom", fake);
+  }
+  std::ostringstream msg;
+  msg << "NPU out of memory on npu:" << static_cast<int>(device) << ". Tried to allocate "
+      << format_bytes(static_cast<int64_t>(nbytes)) << " (" << nbytes << " bytes); ";
+  if (!why.empty()) {
+    msg << why;
+  } else {
+    msg << "capacity " << format_bytes(limit) << ", " << format_bytes(allocated) << " allocated, "
+        << format_bytes(reserved) << " reserved, " << format_bytes(free_bytes) << " free (" << free_bytes
+        << " bytes).";
+  }
+  TORCH_CHECK_WITH(OutOfMemoryError, false, msg.str());
+}
+
+bool over_limit(const DevicePool& p, size_t nbytes) {
+  const int64_t limit = limit_of(p);
+  return limit >= 0 && reserved_of(p) + static_cast<int64_t>(nbytes) > limit;
+}
+
+// Makes room for a new segment of `nbytes` (the lock is held on entry and
+// exit; it is dropped to synchronize the device).
+void make_room(std::unique_lock<std::mutex>& lock, DevicePool& p, c10::DeviceIndex device, size_t nbytes) {
+  const double gc = g_settings.garbage_collection_threshold;
+  const int64_t limit = limit_of(p);
+  if (gc > 0 && limit >= 0 && reserved_of(p) + static_cast<int64_t>(nbytes) >
+      static_cast<int64_t>(gc * static_cast<double>(limit))) {
+    free_cached_locked(p);
+  }
+  if (!over_limit(p, nbytes)) {
     return;
   }
-  std::lock_guard<std::mutex> lock(g_pending_mutex);
-  g_pending.push_back(PendingFree{b, std::move(fences)});
+  if (!p.cached.empty()) {
+    p.stats.num_alloc_retries += 1;
+    free_cached_locked(p);
+  }
+  if (over_limit(p, nbytes) && !on_stream_worker()) {
+    // Let deferred frees complete, as CUDA synchronizes before its last retry.
+    lock.unlock();
+    synchronize_device(device);
+    lock.lock();
+    p.stats.num_sync_all_streams += 1;
+    reclaim_locked(p);
+    free_cached_locked(p);
+  }
+  if (over_limit(p, nbytes)) {
+    raise_oom(p, device, nbytes, "");
+  }
+}
+
+// Accounts a block handed to a caller (lock held).
+void account_allocated_locked(DevicePool& p, Block* b, size_t requested, bool was_active) {
+  b->allocated = true;
+  b->requested = requested;
+  update(p.stats.allocation, b->size, 1);
+  update(p.stats.allocated_bytes, b->size, static_cast<int64_t>(b->size));
+  update(p.stats.requested_bytes, b->size, static_cast<int64_t>(requested));
+  if (!was_active) {
+    update(p.stats.active, b->size, 1);
+    update(p.stats.active_bytes, b->size, static_cast<int64_t>(b->size));
+  }
+  if (is_oversize(b->size)) {
+    p.stats.oversize_allocations.increase(1);
+  }
+  trace_locked(p, "alloc", *b);
+}
+
+// A new segment joins the pool (lock held).
+void account_segment_locked(DevicePool& p, Block* b) {
+  update(p.stats.segment, b->size, 1);
+  update(p.stats.reserved_bytes, b->size, static_cast<int64_t>(b->size));
+  if (is_oversize(b->size)) {
+    p.stats.oversize_segments.increase(1);
+  }
+  p.stats.num_device_alloc += 1;
+  p.blocks.insert(b);
+  trace_locked(p, "segment_alloc", *b);
+}
+
+struct PendingPinned {
+  Block* block;
+  std::vector<Fence> fences;
+};
+std::mutex& g_pinned_pending_mutex = *new std::mutex();
+std::vector<PendingPinned>& g_pinned_pending = *new std::vector<PendingPinned>();
+
+void free_pinned(void* ctx) {
+  auto* b = static_cast<Block*>(ctx);
+  g_host_stats.allocated.fetch_sub(static_cast<int64_t>(b->size));
+  g_host_stats.num_frees.fetch_add(1);
+  {
+    std::lock_guard<std::mutex> lock(g_pinned_mutex);
+    g_pinned_ranges.erase(reinterpret_cast<uintptr_t>(b->ptr));
+  }
+  // Pinned memory may be the source or target of queued copies: released
+  // only after every pending stream passes, like device memory.
+  auto fences = pending_stream_fences();
+  if (!fences.empty()) {
+    std::lock_guard<std::mutex> lock(g_pinned_pending_mutex);
+    g_pinned_pending.push_back(PendingPinned{b, std::move(fences)});
+    g_pending_count.fetch_add(1);
+    return;
+  }
+  std::free(b->ptr);
+  delete b;
+}
+
+void free_block(void* ctx) {
+  auto* b = static_cast<Block*>(ctx);
+  auto fences = pending_stream_fences();
+  DevicePool& p = g_pools[b->device];
+  std::lock_guard<std::mutex> lock(p.mutex);
+  for (c10::StreamId id : b->recorded) {
+    const NpuStream& s = stream_for(b->device, id);
+    const uint64_t enqueued = s.enqueued();
+    if (s.completed() < enqueued) {
+      fences.emplace_back(s.completed_counter(), enqueued);
+    }
+  }
+  b->allocated = false;
+  update(p.stats.allocation, b->size, -1);
+  update(p.stats.allocated_bytes, b->size, -static_cast<int64_t>(b->size));
+  update(p.stats.requested_bytes, b->size, -static_cast<int64_t>(b->requested));
+  trace_locked(p, "free_requested", *b);
+  if (fences.empty()) {
+    finish_free_locked(p, b);
+    return;
+  }
+  p.pending.push_back(PendingFree{b, std::move(fences), stream_for(b->device, b->stream).completed_counter()});
   g_pending_count.fetch_add(1);
 }
 
@@ -115,27 +412,6 @@ void* raw_alloc(size_t nbytes) {
     return nullptr;
   }
   return ptr;
-}
-
-void check_capacity(c10::DeviceIndex device, size_t nbytes) {
-  MemoryStats& s = g_device_stats[device];
-  const int64_t cap = s.capacity.load();
-  if (cap < 0) {
-    return;
-  }
-  auto over = [&] { return s.reserved.load() + static_cast<int64_t>(nbytes) > cap; };
-  if (over() && !on_stream_worker()) {
-    synchronize_device(device);  // let deferred frees complete, as CUDA retries after freeing its cache
-    reclaim_deferred_frees();
-  }
-  if (over()) {
-    s.num_ooms.fetch_add(1);
-    const int64_t free_bytes = std::max<int64_t>(0, cap - s.reserved.load());
-    TORCH_CHECK_WITH(OutOfMemoryError, false, "NPU out of memory on npu:", static_cast<int>(device),
-        ". Tried to allocate ", format_bytes(static_cast<int64_t>(nbytes)), " (", nbytes,
-        " bytes); capacity ", format_bytes(cap), ", ", format_bytes(s.allocated.load()),
-        " allocated, ", format_bytes(free_bytes), " free (", free_bytes, " bytes).");
-  }
 }
 
 // A c10::DeviceAllocator so that torch.accelerator's memory functions work.
@@ -157,36 +433,20 @@ class DeviceAllocator final : public c10::DeviceAllocator {
   void emptyCache(c10::MempoolId_t) override {
     empty_cache();
   }
-  void recordStream(const c10::DataPtr&, c10::Stream) override {
-    // Frees are stream-ordered for every stream (Note [Stream-ordered free]).
+  void recordStream(const c10::DataPtr& data, c10::Stream stream) override {
+    record_stream(data, stream);
   }
   c10::CachingDeviceAllocator::DeviceStats getDeviceStats(c10::DeviceIndex device) override {
-    const MemoryStats& s = memory_stats(device);
-    c10::CachingDeviceAllocator::DeviceStats out;
-    auto& allocated = out.allocated_bytes[0];
-    allocated.current = s.allocated.load();
-    allocated.peak = s.peak_allocated.load();
-    auto& reserved = out.reserved_bytes[0];
-    reserved.current = s.reserved.load();
-    reserved.peak = s.peak_reserved.load();
-    out.allocation[0].allocated = s.num_allocs.load();
-    out.num_ooms = s.num_ooms.load();
-    return out;
+    return device_stats(device);
   }
   void resetAccumulatedStats(c10::DeviceIndex device) override {
-    memory_stats(device).num_allocs = 0;
-    memory_stats(device).num_ooms = 0;
+    reset_accumulated_stats(device);
   }
   void resetPeakStats(c10::DeviceIndex device) override {
     reset_peak_stats(device);
   }
   std::pair<size_t, size_t> getMemoryInfo(c10::DeviceIndex device) override {
-    const MemoryStats& s = memory_stats(device);
-    const int64_t cap = s.capacity.load();
-    if (cap < 0) {
-      return {0, 0};
-    }
-    return {static_cast<size_t>(std::max<int64_t>(0, cap - s.reserved.load())), static_cast<size_t>(cap)};
+    return memory_info(device);
   }
 };
 
@@ -200,17 +460,17 @@ class PinnedAllocator final : public c10::Allocator {
   }
 };
 
+DevicePool& pool(c10::DeviceIndex device, const char* op) {
+  check_device_index(device, op);
+  return g_pools[device];
+}
+
 }  // namespace
 
 void maybe_reclaim_deferred_frees() {
   if (g_pending_count.load(std::memory_order_acquire) > 0) {
     reclaim_deferred_frees();
   }
-}
-
-MemoryStats& memory_stats(c10::DeviceIndex device) {
-  check_device_index(device, "memory_stats");
-  return g_device_stats[device];
 }
 
 c10::Allocator* device_allocator() {
@@ -224,27 +484,55 @@ c10::Allocator* pinned_allocator() {
 }
 
 c10::DataPtr allocate_device(c10::DeviceIndex device, size_t nbytes) {
-  check_device_index(device, "npu allocate");
+  DevicePool& p = pool(device, "npu allocate");
   start_runtime();
   maybe_reclaim_deferred_frees();
   const c10::Device dev(c10::DeviceType::PrivateUse1, device);
-  check_capacity(device, nbytes);
-  void* ptr = nbytes == 0 ? nullptr : raw_alloc(nbytes);
-  TORCH_CHECK_WITH(OutOfMemoryError, nbytes == 0 || ptr != nullptr,
-      "NPU out of memory on npu:", static_cast<int>(device), ": the host could not provide ",
-      format_bytes(static_cast<int64_t>(nbytes)));
-  auto* block = new Block{ptr, nbytes, device, {}};
-  account_alloc(g_device_stats[device], static_cast<int64_t>(nbytes));
-  return c10::DataPtr(ptr, block, &free_block, dev);
+  if (nbytes == 0) {
+    return c10::DataPtr(nullptr, dev);
+  }
+  const size_t size = round_size(nbytes);
+  const c10::StreamId stream = current_stream(device).id();
+  std::unique_lock<std::mutex> lock(p.mutex);
+  bool was_active = false;
+  Block* b = take_reusable_locked(p, stream, size, &was_active);
+  if (b == nullptr) {
+    make_room(lock, p, device, size);
+    void* ptr = raw_alloc(size);
+    if (ptr == nullptr && !p.cached.empty()) {
+      p.stats.num_alloc_retries += 1;
+      free_cached_locked(p);
+      ptr = raw_alloc(size);
+    }
+    if (ptr == nullptr) {
+      raise_oom(p, device, nbytes, "the host could not provide it.");
+    }
+    b = new Block();
+    b->ptr = ptr;
+    b->size = size;
+    b->device = device;
+    b->stream = stream;
+    account_segment_locked(p, b);
+  }
+  account_allocated_locked(p, b, nbytes, was_active);
+  return c10::DataPtr(b->ptr, b, &free_block, dev);
 }
 
 c10::DataPtr adopt_as_device(c10::DataPtr&& cpu, size_t nbytes, c10::DeviceIndex device) {
-  check_device_index(device, "npu adopt");
+  DevicePool& p = pool(device, "npu adopt");
   void* ptr = cpu.get();
-  check_capacity(device, nbytes);  // on failure `cpu` frees the memory
-  auto* block = new Block{ptr, nbytes, device, std::move(cpu)};
-  account_alloc(g_device_stats[device], static_cast<int64_t>(nbytes));
-  return c10::DataPtr(ptr, block, &free_block, c10::Device(c10::DeviceType::PrivateUse1, device));
+  const c10::StreamId stream = current_stream(device).id();
+  std::unique_lock<std::mutex> lock(p.mutex);
+  make_room(lock, p, device, nbytes);  // on failure `cpu` frees the memory
+  auto* b = new Block();
+  b->ptr = ptr;
+  b->size = nbytes;
+  b->device = device;
+  b->stream = stream;
+  b->adopted = std::move(cpu);
+  account_segment_locked(p, b);
+  account_allocated_locked(p, b, nbytes, false);
+  return c10::DataPtr(ptr, b, &free_block, c10::Device(c10::DeviceType::PrivateUse1, device));
 }
 
 c10::DataPtr allocate_pinned(size_t nbytes) {
@@ -253,13 +541,17 @@ c10::DataPtr allocate_pinned(size_t nbytes) {
   void* ptr = nbytes == 0 ? nullptr : raw_alloc(nbytes);
   TORCH_CHECK_WITH(OutOfMemoryError, nbytes == 0 || ptr != nullptr,
       "pinned host allocation of ", format_bytes(static_cast<int64_t>(nbytes)), " failed");
-  auto* block = new Block{ptr, nbytes, -1, {}};
+  auto* block = new Block();
+  block->ptr = ptr;
+  block->size = nbytes;
   if (ptr != nullptr) {
     std::lock_guard<std::mutex> lock(g_pinned_mutex);
     g_pinned_ranges[reinterpret_cast<uintptr_t>(ptr)] = nbytes;
   }
-  account_alloc(g_pinned_stats, static_cast<int64_t>(nbytes));
-  return c10::DataPtr(ptr, block, &free_block, c10::Device(c10::DeviceType::CPU));
+  bump_peak(g_host_stats.peak_allocated, g_host_stats.allocated.fetch_add(static_cast<int64_t>(nbytes)) +
+      static_cast<int64_t>(nbytes));
+  g_host_stats.num_allocs.fetch_add(1);
+  return c10::DataPtr(ptr, block, &free_pinned, c10::Device(c10::DeviceType::CPU));
 }
 
 bool is_pinned_ptr(const void* ptr) {
@@ -274,44 +566,190 @@ bool is_pinned_ptr(const void* ptr) {
 }
 
 int64_t reclaim_deferred_frees() {
-  std::vector<Block*> ready;
-  {
-    std::lock_guard<std::mutex> lock(g_pending_mutex);
-    auto passed = [](const PendingFree& pending) {
-      for (const auto& [counter, target] : pending.fences) {
-        if (counter->load(std::memory_order_acquire) < target) {
-          return false;
-        }
-      }
-      return true;
-    };
-    // stable_partition, not a hand-written compaction: a self-move of the
-    // fences vector would empty it and release a block that is still in use.
-    auto keep = std::stable_partition(g_pending.begin(), g_pending.end(),
-        [&](const PendingFree& pending) { return !passed(pending); });
-    for (auto it = keep; it != g_pending.end(); ++it) {
-      ready.push_back(it->block);
+  int64_t moved = 0;
+  for (int d = 0; d < device_count(); ++d) {
+    DevicePool& p = g_pools[d];
+    std::lock_guard<std::mutex> lock(p.mutex);
+    if (!p.pending.empty()) {
+      moved += reclaim_locked(p);
     }
-    g_pending.erase(keep, g_pending.end());
-    g_pending_count.store(g_pending.size());
   }
-  int64_t released = 0;
-  for (Block* b : ready) {
-    released += static_cast<int64_t>(b->size);
-    release(b);
+  std::vector<Block*> pinned_ready;
+  {
+    std::lock_guard<std::mutex> lock(g_pinned_pending_mutex);
+    auto keep = std::stable_partition(g_pinned_pending.begin(), g_pinned_pending.end(),
+        [](const PendingPinned& pending) {
+          return !std::all_of(pending.fences.begin(), pending.fences.end(), fence_passed);
+        });
+    for (auto it = keep; it != g_pinned_pending.end(); ++it) {
+      pinned_ready.push_back(it->block);
+    }
+    g_pending_count.fetch_sub(static_cast<size_t>(std::distance(keep, g_pinned_pending.end())));
+    g_pinned_pending.erase(keep, g_pinned_pending.end());
   }
-  return released;
+  for (Block* b : pinned_ready) {
+    std::free(b->ptr);
+    delete b;
+  }
+  return moved;
 }
 
 void empty_cache() {
-  // There is no cache of free blocks; what remains are deferred frees.
   reclaim_deferred_frees();
+  for (int d = 0; d < device_count(); ++d) {
+    DevicePool& p = g_pools[d];
+    std::lock_guard<std::mutex> lock(p.mutex);
+    free_cached_locked(p);
+  }
 }
 
 void reset_peak_stats(c10::DeviceIndex device) {
-  MemoryStats& s = memory_stats(device);
-  s.peak_allocated = s.allocated.load();
-  s.peak_reserved = s.reserved.load();
+  DevicePool& p = pool(device, "reset_peak_memory_stats");
+  std::lock_guard<std::mutex> lock(p.mutex);
+  auto& s = p.stats;
+  for (StatArray* array : {&s.allocation, &s.segment, &s.active, &s.inactive_split, &s.allocated_bytes,
+           &s.reserved_bytes, &s.active_bytes, &s.inactive_split_bytes, &s.requested_bytes}) {
+    for (auto& stat : *array) {
+      stat.reset_peak();
+    }
+  }
+  s.oversize_allocations.reset_peak();
+  s.oversize_segments.reset_peak();
+}
+
+void reset_accumulated_stats(c10::DeviceIndex device) {
+  DevicePool& p = pool(device, "reset_accumulated_memory_stats");
+  std::lock_guard<std::mutex> lock(p.mutex);
+  auto& s = p.stats;
+  for (StatArray* array : {&s.allocation, &s.segment, &s.active, &s.inactive_split, &s.allocated_bytes,
+           &s.reserved_bytes, &s.active_bytes, &s.inactive_split_bytes, &s.requested_bytes}) {
+    for (auto& stat : *array) {
+      stat.reset_accumulated();
+    }
+  }
+  s.oversize_allocations.reset_accumulated();
+  s.oversize_segments.reset_accumulated();
+  s.num_alloc_retries = 0;
+  s.num_ooms = 0;
+  s.num_sync_all_streams = 0;
+  s.num_device_alloc = 0;
+  s.num_device_free = 0;
+}
+
+void record_stream(const c10::DataPtr& data, const c10::Stream& stream) {
+  if (data.get_deleter() != &free_block || data.get_context() == nullptr) {
+    return;  // zero-size or not ours: nothing can be reused early
+  }
+  auto* b = static_cast<Block*>(data.get_context());
+  TORCH_CHECK(stream.device_type() == c10::DeviceType::PrivateUse1,
+      "record_stream: expected an npu stream for a tensor on npu:", static_cast<int>(b->device), ", got a stream of ",
+      stream.device());
+  TORCH_CHECK(stream.device_index() == b->device, "record_stream: the stream is on npu:",
+      static_cast<int>(stream.device_index()), " but the tensor's memory is on npu:", static_cast<int>(b->device));
+  stream_for(stream);  // validates the stream id
+  DevicePool& p = g_pools[b->device];
+  std::lock_guard<std::mutex> lock(p.mutex);
+  if (stream.id() != b->stream &&
+      std::find(b->recorded.begin(), b->recorded.end(), stream.id()) == b->recorded.end()) {
+    b->recorded.push_back(stream.id());
+  }
+}
+
+c10::CachingDeviceAllocator::DeviceStats device_stats(c10::DeviceIndex device) {
+  DevicePool& p = pool(device, "memory_stats");
+  std::lock_guard<std::mutex> lock(p.mutex);
+  auto out = p.stats;
+  out.max_split_size = static_cast<int64_t>(g_settings.max_split_size);
+  return out;
+}
+
+int64_t memory_capacity(c10::DeviceIndex device) {
+  return pool(device, "memory capacity").capacity.load();
+}
+
+void set_memory_capacity(c10::DeviceIndex device, int64_t bytes) {
+  pool(device, "set_memory_capacity").capacity = bytes < 0 ? -1 : bytes;
+}
+
+double memory_fraction(c10::DeviceIndex device) {
+  return pool(device, "get_per_process_memory_fraction").fraction.load();
+}
+
+void set_memory_fraction(c10::DeviceIndex device, double fraction) {
+  TORCH_CHECK(fraction >= 0.0 && fraction <= 1.0, "set_per_process_memory_fraction: invalid fraction ", fraction,
+      "; expected a number in [0, 1]");
+  pool(device, "set_per_process_memory_fraction").fraction = fraction;
+}
+
+std::pair<size_t, size_t> memory_info(c10::DeviceIndex device) {
+  DevicePool& p = pool(device, "mem_get_info");
+  const int64_t cap = p.capacity.load();
+  if (cap < 0) {
+    return {0, 0};
+  }
+  std::lock_guard<std::mutex> lock(p.mutex);
+  return {static_cast<size_t>(std::max<int64_t>(0, cap - reserved_of(p))), static_cast<size_t>(cap)};
+}
+
+void set_allocator_settings(const AllocatorSettings& settings) {
+  std::lock_guard<std::mutex> lock(g_settings_mutex);
+  g_settings = settings;
+}
+
+AllocatorSettings allocator_settings() {
+  std::lock_guard<std::mutex> lock(g_settings_mutex);
+  return g_settings;
+}
+
+std::vector<SegmentSnapshot> memory_snapshot() {
+  std::vector<SegmentSnapshot> out;
+  for (int d = 0; d < device_count(); ++d) {
+    DevicePool& p = g_pools[d];
+    std::lock_guard<std::mutex> lock(p.mutex);
+    std::unordered_set<const Block*> pending;
+    for (const auto& free : p.pending) {
+      pending.insert(free.block);
+    }
+    for (const Block* b : p.blocks) {
+      SegmentSnapshot s;
+      s.device = static_cast<c10::DeviceIndex>(d);
+      s.address = reinterpret_cast<uintptr_t>(b->ptr);
+      s.total_size = b->size;
+      s.stream = b->stream;
+      s.is_large = b->size >= kSmallSize;
+      s.adopted = static_cast<bool>(b->adopted);
+      s.block.address = s.address;
+      s.block.size = b->size;
+      s.block.requested_size = b->allocated ? b->requested : 0;
+      s.block.state = b->allocated ? "active_allocated" : (pending.count(b) ? "active_pending_free" : "inactive");
+      out.push_back(std::move(s));
+    }
+  }
+  std::sort(out.begin(), out.end(), [](const SegmentSnapshot& a, const SegmentSnapshot& b) {
+    return std::make_pair(a.device, a.address) < std::make_pair(b.device, b.address);
+  });
+  return out;
+}
+
+void record_memory_history(bool enabled, size_t max_entries) {
+  g_trace_max = max_entries;
+  g_trace_enabled = enabled;
+  for (auto& p : g_pools) {
+    std::lock_guard<std::mutex> lock(p.mutex);
+    if (!enabled) {
+      p.trace.clear();
+    }
+  }
+}
+
+std::vector<TraceEntry> memory_trace(c10::DeviceIndex device) {
+  DevicePool& p = pool(device, "memory trace");
+  std::lock_guard<std::mutex> lock(p.mutex);
+  return {p.trace.begin(), p.trace.end()};
+}
+
+const HostStats& host_stats() {
+  return g_host_stats;
 }
 
 }  // namespace npusim

@@ -1,29 +1,21 @@
-// Device and pinned host memory of the simulated NPU (memory.cpp): allocation
-// with per-device accounting and capacity, and stream-ordered release (see
-// Note [Stream-ordered free]).
+// Device and pinned host memory of the simulated NPU (memory.cpp): a caching
+// allocator with CUDA's statistics, per-device capacity, and stream-ordered
+// release (see Note [Stream-ordered free] and Note [Caching allocator]).
 #pragma once
 
 #include "runtime.h"
 
 #include <c10/core/Allocator.h>
+#include <c10/core/CachingDeviceAllocator.h>
 
 #include <atomic>
 #include <cstdint>
+#include <string>
+#include <vector>
 
 namespace npusim {
 
 // ---- memory ---------------------------------------------------------------
-
-struct MemoryStats {
-  std::atomic<int64_t> allocated{0};
-  std::atomic<int64_t> peak_allocated{0};
-  std::atomic<int64_t> reserved{0};  // allocated + freed-but-still-in-use
-  std::atomic<int64_t> peak_reserved{0};
-  std::atomic<int64_t> capacity{-1};  // -1: unlimited
-  std::atomic<int64_t> num_allocs{0};
-  std::atomic<int64_t> num_ooms{0};
-};
-MemoryStats& memory_stats(c10::DeviceIndex device);
 
 c10::Allocator* device_allocator();
 c10::Allocator* pinned_allocator();
@@ -33,11 +25,74 @@ c10::DataPtr allocate_device(c10::DeviceIndex device, size_t nbytes);
 c10::DataPtr adopt_as_device(c10::DataPtr&& cpu, size_t nbytes, c10::DeviceIndex device);
 c10::DataPtr allocate_pinned(size_t nbytes);
 bool is_pinned_ptr(const void* ptr);
-// Frees what no stream can still touch; returns bytes released.
+// Moves freed blocks that no stream can still touch to the cache; returns their bytes.
 int64_t reclaim_deferred_frees();
 // Cheap when nothing is pending; called after every task and allocation.
 void maybe_reclaim_deferred_frees();
+// Returns every cached (free, untouchable) block to the host.
 void empty_cache();
 void reset_peak_stats(c10::DeviceIndex device);
+void reset_accumulated_stats(c10::DeviceIndex device);
+// Tensor.record_stream: the block is not reused before `stream`'s work
+// enqueued before its free has finished.
+void record_stream(const c10::DataPtr& data, const c10::Stream& stream);
+
+// CUDA's statistics (allocation, segment, active, *_bytes, ...).
+c10::CachingDeviceAllocator::DeviceStats device_stats(c10::DeviceIndex device);
+// Total device memory (the profile's HBM size by default; -1: unlimited) and
+// the fraction of it this process may reserve (set_per_process_memory_fraction).
+int64_t memory_capacity(c10::DeviceIndex device);
+void set_memory_capacity(c10::DeviceIndex device, int64_t bytes);
+double memory_fraction(c10::DeviceIndex device);
+void set_memory_fraction(c10::DeviceIndex device, double fraction);
+// (free, total): total is the capacity, free what is not reserved.
+std::pair<size_t, size_t> memory_info(c10::DeviceIndex device);
+
+// PYTORCH_NPU_ALLOC_CONF, parsed by Python (npusim.config).
+struct AllocatorSettings {
+  size_t max_split_size = SIZE_MAX;  // blocks at least this big are "oversize"
+  double garbage_collection_threshold = 0.0;  // 0: off
+  size_t roundup_power2_divisions = 0;  // 0 or 1: round to 512 bytes only
+};
+void set_allocator_settings(const AllocatorSettings& settings);
+AllocatorSettings allocator_settings();
+
+struct BlockSnapshot {
+  uintptr_t address = 0;
+  size_t size = 0;
+  size_t requested_size = 0;
+  std::string state;  // active_allocated, active_pending_free, inactive
+};
+// One segment per host allocation: npusim never splits a segment, so each
+// holds exactly one block.
+struct SegmentSnapshot {
+  c10::DeviceIndex device = 0;
+  uintptr_t address = 0;
+  size_t total_size = 0;
+  int64_t stream = 0;
+  bool is_large = false;
+  bool adopted = false;  // memory produced by a CPU kernel (never cached)
+  BlockSnapshot block;
+};
+std::vector<SegmentSnapshot> memory_snapshot();
+
+struct TraceEntry {
+  std::string action;  // alloc, free_requested, free_completed, segment_alloc, segment_free, oom
+  uintptr_t address = 0;
+  size_t size = 0;
+  int64_t stream = 0;
+  int64_t time_us = 0;
+};
+// _record_memory_history: keeps the last `max_entries` events per device.
+void record_memory_history(bool enabled, size_t max_entries);
+std::vector<TraceEntry> memory_trace(c10::DeviceIndex device);
+
+struct HostStats {
+  std::atomic<int64_t> allocated{0};
+  std::atomic<int64_t> peak_allocated{0};
+  std::atomic<int64_t> num_allocs{0};
+  std::atomic<int64_t> num_frees{0};
+};
+const HostStats& host_stats();
 
 }  // namespace npusim

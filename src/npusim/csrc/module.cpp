@@ -20,16 +20,47 @@ py::tuple stream_tuple(const NpuStream& s) {
   return py::make_tuple(s.id(), static_cast<int>(s.device()), static_cast<int>(c10::DeviceType::PrivateUse1));
 }
 
-py::dict memory_stats_dict(const npusim::MemoryStats& s) {
-  py::dict d;
-  d["allocated_bytes"] = s.allocated.load();
-  d["peak_allocated_bytes"] = s.peak_allocated.load();
-  d["reserved_bytes"] = s.reserved.load();
-  d["peak_reserved_bytes"] = s.peak_reserved.load();
-  d["capacity_bytes"] = s.capacity.load();
-  d["num_allocs"] = s.num_allocs.load();
-  d["num_ooms"] = s.num_ooms.load();
-  return d;
+py::list snapshot_list() {
+  py::list segments;
+  for (const auto& seg : npusim::memory_snapshot()) {
+    py::dict block;
+    block["address"] = seg.block.address;
+    block["size"] = seg.block.size;
+    block["requested_size"] = seg.block.requested_size;
+    block["state"] = seg.block.state;
+    block["frames"] = py::list();
+    py::dict d;
+    d["device"] = static_cast<int>(seg.device);
+    d["address"] = seg.address;
+    d["total_size"] = seg.total_size;
+    d["allocated_size"] = seg.block.state == "active_allocated" ? seg.total_size : 0;
+    d["active_size"] = seg.block.state == "inactive" ? 0 : seg.total_size;
+    d["requested_size"] = seg.block.requested_size;
+    d["stream"] = seg.stream;
+    d["segment_type"] = seg.is_large ? "large" : "small";
+    d["segment_pool_id"] = py::make_tuple(0, 0);
+    d["is_expandable"] = false;
+    d["adopted"] = seg.adopted;
+    d["frames"] = py::list();
+    d["blocks"] = py::make_tuple(block);
+    segments.append(d);
+  }
+  return segments;
+}
+
+py::list trace_list(int device) {
+  py::list out;
+  for (const auto& e : npusim::memory_trace(static_cast<c10::DeviceIndex>(device))) {
+    py::dict d;
+    d["action"] = e.action;
+    d["addr"] = e.address;
+    d["size"] = e.size;
+    d["stream"] = e.stream;
+    d["time_us"] = e.time_us;
+    d["frames"] = py::list();
+    out.append(d);
+  }
+  return out;
 }
 
 // The table behind core_api(); see core_api.h for why it exists.
@@ -104,12 +135,34 @@ PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
   m.def("synchronize_all", &npusim::synchronize_all, release());
 
   // memory
-  m.def("memory_stats", [](int device) { return memory_stats_dict(npusim::memory_stats(device)); });
-  m.def("set_memory_capacity", [](int device, int64_t bytes) {
-    npusim::memory_stats(device).capacity = bytes;
-  });
+  m.def("memory_capacity", [](int device) { return npusim::memory_capacity(device); });
+  m.def("set_memory_capacity", [](int device, int64_t bytes) { npusim::set_memory_capacity(device, bytes); });
+  m.def("memory_fraction", [](int device) { return npusim::memory_fraction(device); });
+  m.def("set_memory_fraction", [](int device, double f) { npusim::set_memory_fraction(device, f); });
   m.def("reset_peak_memory_stats", [](int device) { npusim::reset_peak_stats(device); });
-  m.def("empty_cache", &npusim::empty_cache);
+  m.def("reset_accumulated_memory_stats", [](int device) { npusim::reset_accumulated_stats(device); });
+  m.def("empty_cache", &npusim::empty_cache, release());
+  m.def("set_allocator_settings", [](int64_t max_split_size, double gc_threshold, int64_t divisions) {
+    npusim::AllocatorSettings s;
+    s.max_split_size = max_split_size < 0 ? SIZE_MAX : static_cast<size_t>(max_split_size);
+    s.garbage_collection_threshold = gc_threshold;
+    s.roundup_power2_divisions = static_cast<size_t>(std::max<int64_t>(0, divisions));
+    npusim::set_allocator_settings(s);
+  });
+  m.def("memory_snapshot", &snapshot_list);
+  m.def("record_memory_history", [](bool enabled, int64_t max_entries) {
+    npusim::record_memory_history(enabled, static_cast<size_t>(std::max<int64_t>(0, max_entries)));
+  });
+  m.def("memory_trace", &trace_list);
+  m.def("host_memory_stats", [] {
+    const auto& h = npusim::host_stats();
+    py::dict d;
+    d["allocated_bytes.current"] = h.allocated.load();
+    d["allocated_bytes.peak"] = h.peak_allocated.load();
+    d["num_host_alloc"] = h.num_allocs.load();
+    d["num_host_free"] = h.num_frees.load();
+    return d;
+  });
 
   // timing model
   m.def("set_timing_model", [](double copy_gbps, double launch_us, double link_gbps) {

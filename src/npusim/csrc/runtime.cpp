@@ -18,7 +18,9 @@ namespace npusim {
 // ---- devices --------------------------------------------------------------
 
 namespace {
-std::atomic<int> g_device_count{2};
+// The NPUs of one Atlas training node; NPUSIM_DEVICE_COUNT or
+// ASCEND_RT_VISIBLE_DEVICES change it (set from Python before first use).
+std::atomic<int> g_device_count{8};
 std::atomic<bool> g_devices_in_use{false};
 thread_local c10::DeviceIndex tls_current_device = 0;
 thread_local bool tls_is_stream_worker = false;

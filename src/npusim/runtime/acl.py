@@ -43,12 +43,42 @@ synchronize_device: Callable[[int], None] = C.synchronize_device
 synchronize_all: Callable[[], None] = C.synchronize_all
 
 
+def synchronize_current_stream(device: int, timeout_s: float = -1.0) -> None:
+    """aclrtSynchronizeStream on the current stream of ``device``."""
+    stream_id, index, _ = C.current_stream(device)
+    C.synchronize_stream(stream_id, index, timeout_s)
+
+
+def busy_streams(device: int) -> tuple[int, int]:
+    """(streams of ``device`` with unfinished work, streams of a device)."""
+    busy = sum(1 for stream_id in range(STREAMS_PER_DEVICE) if C.stream_pending(stream_id, device) > 0)
+    return busy, STREAMS_PER_DEVICE
+
+
 # ---- memory (aclrtGetMemInfo, ...) ------------------------------------------
 
-memory_stats: Callable[[int], dict[str, int]] = C.memory_stats
+
+# kStreamsPerDevice (runtime.h): the default stream and two pools of 8.
+STREAMS_PER_DEVICE = 17
+
+# ---- memory (aclrtGetMemInfo, aclrtMalloc's caching allocator, ...) ---------
+
+# Total device memory (-1: unlimited) and the fraction this process may reserve.
+memory_capacity: Callable[[int], int] = C.memory_capacity
 set_memory_capacity: Callable[[int, int], None] = C.set_memory_capacity
+memory_fraction: Callable[[int], float] = C.memory_fraction
+set_memory_fraction: Callable[[int, float], None] = C.set_memory_fraction
 reset_peak_memory_stats: Callable[[int], None] = C.reset_peak_memory_stats
+reset_accumulated_memory_stats: Callable[[int], None] = C.reset_accumulated_memory_stats
 empty_cache: Callable[[], None] = C.empty_cache
+# (max_split_size bytes or -1, garbage_collection_threshold or 0, roundup_power2_divisions or 0)
+set_allocator_settings: Callable[[int, float, int], None] = C.set_allocator_settings
+# Segments as torch.cuda.memory_snapshot lists them (one block per segment).
+memory_snapshot: Callable[[], list[dict[str, Any]]] = C.memory_snapshot
+# (enabled, max_entries): the alloc / free trace of _record_memory_history.
+record_memory_history: Callable[[bool, int], None] = C.record_memory_history
+memory_trace: Callable[[int], list[dict[str, Any]]] = C.memory_trace
+host_memory_stats: Callable[[], dict[str, int]] = C.host_memory_stats
 
 # ---- timing model -----------------------------------------------------------
 

@@ -2,10 +2,13 @@
 
 from __future__ import annotations
 
-from typing import Any
+import re
+import warnings
+from typing import Any, NamedTuple
 
 import torch
 
+from npusim import config
 from npusim.runtime import acl
 
 _device_t = torch.device | str | int | None
@@ -34,6 +37,14 @@ def _lazy_init() -> None:
 
 def current_device() -> int:
     return acl.current_device()
+
+
+def _check_index(index: int, op: str) -> int:
+    """torch.cuda's check for the device-query functions: AssertionError on a bad index."""
+    count = acl.device_count()
+    if not 0 <= index < count:
+        raise AssertionError(f"Invalid device id {index}: torch.npu.{op} expects 0 <= id < device_count() = {count}")
+    return index
 
 
 def _get_device_index(device: _device_t, optional: bool = True) -> int:
@@ -92,10 +103,65 @@ class device_of(device):  # noqa: N801
         super().__init__(obj.get_device() if obj.device.type == "npu" else None)
 
 
-def get_device_name(device: _device_t = None) -> str:
+class _NPUDeviceProperties(NamedTuple):
+    """What torch_npu's ``get_device_properties`` reports, taken from the capability profile."""
+
+    name: str
+    total_memory: int
+    cube_core_num: int
+    vector_core_num: int
+    L2_cache_size: int  # noqa: N815  (torch_npu's spelling)
+
+    def __repr__(self) -> str:
+        return (f"_NPUDeviceProperties(name='{self.name}', total_memory={self.total_memory >> 20}MB, "
+                f"cube_core_num={self.cube_core_num}, vector_core_num={self.vector_core_num}, "
+                f"L2_cache_size={self.L2_cache_size >> 20}MB)")
+
+
+def get_device_properties(device: _device_t = None) -> _NPUDeviceProperties:
+    """The SoC the profile models; ``total_memory`` is the device's capacity (the HBM size by default)."""
     from npusim.runtime.profiles import get_profile
 
-    return f"npusim NPU {_get_device_index(device)} ({get_profile().name})"
+    index = _check_index(_get_device_index(device), "get_device_properties")
+    profile = get_profile()
+    capacity = acl.memory_capacity(index)
+    return _NPUDeviceProperties(profile.soc_name, capacity if capacity >= 0 else profile.total_memory,
+                                profile.cube_core_num, profile.vector_core_num, profile.l2_cache_size)
+
+
+def get_device_name(device: _device_t = None) -> str:
+    """The modelled SoC's name, e.g. ``Ascend910B2``."""
+    return get_device_properties(device).name
+
+
+def get_device_capability(device: _device_t = None) -> tuple[int, int] | None:
+    """torch_npu's contract, not CUDA's: ``(major, minor)`` from ``TORCH_NPU_DEVICE_CAPABILITY``
+    ("8.0"), else None with a warning (an NPU has no CUDA compute capability)."""
+    _check_index(_get_device_index(device), "get_device_capability")
+    text = config.raw("TORCH_NPU_DEVICE_CAPABILITY")
+    if not text:
+        warnings.warn("torch.npu.get_device_capability: set TORCH_NPU_DEVICE_CAPABILITY (e.g. '8.0') to report "
+                      "a capability; an NPU has none, so None is returned (as torch_npu does)", stacklevel=2)
+        return None
+    match = re.fullmatch(r"\s*(\d+)\.(\d+)\s*", text)
+    if not match:
+        raise config.fail("TORCH_NPU_DEVICE_CAPABILITY", "'major.minor' such as '8.0'", text)
+    return int(match.group(1)), int(match.group(2))
+
+
+def can_device_access_peer(device: _device_t, peer_device: _device_t) -> bool:
+    """Every simulated device can copy to every other (their memory is host memory)."""
+    _check_index(_get_device_index(device), "can_device_access_peer")
+    _check_index(_get_device_index(peer_device), "can_device_access_peer")
+    return True
+
+
+def utilization(device: _device_t = None) -> int:
+    """Percent of the device's streams that have unfinished work right now (torch_npu: the
+    device's utilization rate)."""
+    index = _check_index(_get_device_index(device), "utilization")
+    busy = acl.busy_streams(index)
+    return round(100 * busy[0] / busy[1]) if busy[1] else 0
 
 
 def get_amp_supported_dtype() -> list[torch.dtype]:
@@ -110,3 +176,26 @@ def is_bf16_supported(including_emulation: bool = True) -> bool:
 def synchronize(device: _device_t = None) -> None:
     """Waits for all work on every stream of the device."""
     acl.synchronize_device(_get_device_index(device))
+
+
+_sync_debug_mode = 0
+_SYNC_DEBUG_MODES = {"default": 0, "warn": 1, "error": 2}
+
+
+def set_sync_debug_mode(debug_mode: int | str) -> None:
+    """Stored and returned by :func:`get_sync_debug_mode`; npusim does not intercept
+    synchronizing calls, so no warning or error is raised by it."""
+    global _sync_debug_mode
+    if isinstance(debug_mode, str):
+        if debug_mode not in _SYNC_DEBUG_MODES:
+            raise RuntimeError("invalid value of debug_mode, expected one of `default`, `warn`, `error`")
+        debug_mode = _SYNC_DEBUG_MODES[debug_mode]
+    _sync_debug_mode = int(debug_mode)
+
+
+def get_sync_debug_mode() -> int:
+    return _sync_debug_mode
+
+
+def ipc_collect() -> None:
+    """Nothing to collect: npusim shares no device memory between processes (no IPC handles)."""

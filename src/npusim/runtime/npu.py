@@ -2,26 +2,49 @@
 
 npusim registers this module as ``torch.npu``; it offers what PyTorch asks
 of an accelerator's device module (devices, streams, events, memory, RNG,
-AMP) under the names torch.cuda uses.
+AMP) under the names torch.cuda and torch_npu use, with the submodules
+``amp``, ``memory``, ``random`` and ``streams``. The names it shares with
+torch_npu and torch.cuda are listed in ``runtime/parity.py``.
 """
 
 import torch
 
+from npusim.runtime import amp, memory, random, streams  # noqa: F401  (torch.npu.<submodule>)
+from npusim.runtime.compat import (
+    config,
+    conv,
+    get_autocast_dtype,
+    is_autocast_enabled,
+    is_jit_compile_false,
+    matmul,
+    set_autocast_dtype,
+    set_autocast_enabled,
+    set_compile_mode,
+    set_option,
+)
 from npusim.runtime.device import (
     _get_device_index,
     _lazy_init,
+    _NPUDeviceProperties,
+    can_device_access_peer,
     current_device,
     device,
     device_count,
     device_of,
     get_amp_supported_dtype,
+    get_device_capability,
     get_device_name,
+    get_device_properties,
+    get_sync_debug_mode,
     init,
+    ipc_collect,
     is_available,
     is_bf16_supported,
     is_initialized,
     set_device,
+    set_sync_debug_mode,
     synchronize,
+    utilization,
 )
 from npusim.runtime.graphs import (
     NPUGraph,
@@ -30,16 +53,36 @@ from npusim.runtime.graphs import (
     is_current_stream_capturing,
     make_graphed_callables,
 )
+from npusim.runtime.legacy_types import *  # noqa: F403  (FloatTensor, FloatStorage, ...)
+from npusim.runtime.legacy_types import __all__ as _legacy_names
 from npusim.runtime.memory import (
+    _dump_snapshot,
+    _record_memory_history,
+    _snapshot,
+    caching_allocator_alloc,
+    caching_allocator_delete,
     empty_cache,
+    get_allocator_backend,
+    get_per_process_memory_fraction,
+    host_memory_stats,
+    host_memory_stats_as_nested_dict,
     max_memory_allocated,
+    max_memory_cached,
     max_memory_reserved,
     mem_get_info,
     memory_allocated,
+    memory_cached,
     memory_reserved,
+    memory_snapshot,
     memory_stats,
+    memory_stats_as_nested_dict,
+    memory_summary,
+    reset_accumulated_memory_stats,
+    reset_max_memory_allocated,
+    reset_max_memory_cached,
     reset_peak_memory_stats,
     set_memory_capacity,
+    set_per_process_memory_fraction,
 )
 from npusim.runtime.random import (
     _default_generators,
@@ -70,13 +113,22 @@ from npusim.runtime.streams import (
 default_generators: tuple[torch.Generator, ...] = _default_generators()
 
 __all__ = [
-    "_get_device_index", "_is_in_bad_fork", "_lazy_init", "current_device", "current_stream",
-    "default_generator", "default_generators", "default_stream", "device", "device_count", "device_of",
-    "empty_cache", "Event", "get_amp_supported_dtype", "get_device_name", "get_rng_state",
-    "get_rng_state_all", "graph", "graph_pool_handle", "init", "initial_seed", "is_available",
-    "is_bf16_supported", "is_current_stream_capturing", "is_initialized", "make_graphed_callables",
-    "manual_seed", "manual_seed_all", "max_memory_allocated", "max_memory_reserved", "mem_get_info",
-    "memory_allocated", "memory_reserved", "memory_stats", "NPUGraph", "reset_peak_memory_stats", "seed",
-    "seed_all", "set_device", "set_memory_capacity", "set_rng_state", "set_rng_state_all", "set_stream",
-    "Stream", "stream", "StreamContext", "synchronize", "synchronize_stream",
+    "_dump_snapshot", "_get_device_index", "_is_in_bad_fork", "_lazy_init", "_NPUDeviceProperties",
+    "_record_memory_history", "_snapshot", "amp", "caching_allocator_alloc", "caching_allocator_delete",
+    "can_device_access_peer", "config", "conv", "current_device", "current_stream", "default_generator",
+    "default_generators", "default_stream", "device", "device_count", "device_of", "empty_cache", "Event",
+    "get_allocator_backend", "get_amp_supported_dtype", "get_autocast_dtype", "get_device_capability",
+    "get_device_name", "get_device_properties", "get_per_process_memory_fraction", "get_rng_state",
+    "get_rng_state_all", "get_sync_debug_mode", "graph", "graph_pool_handle", "host_memory_stats",
+    "host_memory_stats_as_nested_dict", "init", "initial_seed", "ipc_collect", "is_autocast_enabled",
+    "is_available", "is_bf16_supported", "is_current_stream_capturing", "is_initialized",
+    "is_jit_compile_false", "make_graphed_callables", "manual_seed", "manual_seed_all", "matmul",
+    "max_memory_allocated", "max_memory_cached", "max_memory_reserved", "mem_get_info", "memory",
+    "memory_allocated", "memory_cached", "memory_reserved", "memory_snapshot", "memory_stats",
+    "memory_stats_as_nested_dict", "memory_summary", "NPUGraph", "random", "reset_accumulated_memory_stats",
+    "reset_max_memory_allocated", "reset_max_memory_cached", "reset_peak_memory_stats", "seed", "seed_all",
+    "set_autocast_dtype", "set_autocast_enabled", "set_compile_mode", "set_device", "set_memory_capacity",
+    "set_option", "set_per_process_memory_fraction", "set_rng_state", "set_rng_state_all", "set_stream",
+    "set_sync_debug_mode", "Stream", "stream", "StreamContext", "streams", "synchronize", "synchronize_stream",
+    "utilization", *_legacy_names,
 ]

@@ -1,6 +1,8 @@
 """SoC / CANN capability profiles (docs/SPEC.md section 4.3).
 
-A profile says what the simulated SoC, runtime and operator kernel can do;
+A profile says what the simulated SoC, runtime and operator kernel can do,
+and which SoC it models (name, HBM size, core counts, as torch_npu reports
+them through ``torch.npu.get_device_properties``);
 the ``_foreach_copy_`` routing reads it on every call. Select a preset by name
 and override single flags, through the API or the environment::
 
@@ -23,6 +25,8 @@ _BASE_FAST_DTYPES = frozenset({
     torch.float32, torch.float16, torch.bfloat16, torch.int32, torch.int16, torch.int8, torch.uint8,
 })
 _CANN_810_DTYPES = frozenset({torch.int64, torch.float64, torch.bool})
+MIB = 1 << 20
+GIB = 1 << 30
 
 
 @dataclasses.dataclass(frozen=True)
@@ -37,6 +41,12 @@ class Profile:
     cann_ge_810rc1: bool = True  # kernel supports int64, float64, bool
     foreach_copy_kernel: bool = True  # operator kernel present (else DO_COMPATIBILITY)
     sync_timeout_s: float = 300.0  # stream synchronize timeout before a blocking batch
+    # The SoC the profile models, as torch_npu's get_device_properties reports it.
+    soc_name: str = "Ascend910B2"
+    total_memory: int = 64 * GIB  # HBM bytes: the default device capacity
+    cube_core_num: int = 24
+    vector_core_num: int = 48
+    l2_cache_size: int = 192 * MIB
 
     @property
     def fast_dtypes(self) -> frozenset[torch.dtype]:
@@ -67,7 +77,9 @@ PRESETS: dict[str, Profile] = {
     p.name: p
     for p in (
         Profile("training_soc"),
-        Profile("inference_soc", nd_out=False, batch=False),
+        # An Atlas 300I Pro card: no ND foreach kernel, no batched memcpy.
+        Profile("inference_soc", nd_out=False, batch=False, soc_name="Ascend310P3", total_memory=24 * GIB,
+                cube_core_num=8, vector_core_num=7, l2_cache_size=96 * MIB),
         Profile("old_cann", cann_ge_810rc1=False),
         Profile("no_memcpy_batch", memcpy_batch=False, memcpy_batch_async=False),
         Profile("no_foreach_kernel", foreach_copy_kernel=False),

@@ -47,15 +47,26 @@ def _wrap(stream_tuple: tuple[int, int, int]) -> Stream:
     return Stream(stream_id=stream_id, device_index=device_index, device_type=device_type)
 
 
-def Event(enable_timing: bool = False, blocking: bool = False, interprocess: bool = False,  # noqa: N802
-          device: _device_t = None) -> torch.Event:
+class _EventMeta(type):
+    """Makes ``isinstance(e, torch.npu.Event)`` true for every npu ``torch.Event``."""
+
+    def __instancecheck__(cls, obj: object) -> bool:
+        return isinstance(obj, torch.Event) and obj.device.type == "npu"
+
+
+class Event(metaclass=_EventMeta):
     """An npu event (record / wait / query / synchronize / elapsed_time).
 
-    A plain ``torch.Event`` on the npu device: torch's C++ methods accept
-    only that exact type as the other event of ``elapsed_time``.
+    Constructing one returns a plain ``torch.Event`` on the npu device: torch's
+    C++ ``elapsed_time`` accepts only that exact type as its other event, so a
+    subclass could not be timed against events that torch creates itself
+    (``Stream.record_event``). The metaclass makes isinstance work for both.
     """
-    return torch.Event(device=torch.device("npu", _get_device_index(device)), enable_timing=enable_timing,
-                       blocking=blocking, interprocess=interprocess)
+
+    def __new__(cls, enable_timing: bool = False, blocking: bool = False, interprocess: bool = False,
+                device: _device_t = None) -> torch.Event:  # type: ignore[misc]
+        return torch.Event(device=torch.device("npu", _get_device_index(device)), enable_timing=enable_timing,
+                           blocking=blocking, interprocess=interprocess)
 
 
 def current_stream(device: _device_t = None) -> Stream:

@@ -1,0 +1,1 @@
+"""Compatibility layers that let code written for other NPU stacks run on npusim."""

@@ -1,0 +1,71 @@
+"""torch_npu-only names of ``torch.npu`` that scripts call unconditionally.
+
+Each does here what can be meant on a simulator, stated in its docstring:
+settings of the real op compiler and formats are stored and read back but
+change nothing (compute runs PyTorch's CPU kernels); the autocast helpers are
+PyTorch's own for the npu device.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import torch
+
+__all__ = [
+    "config", "conv", "get_autocast_dtype", "is_autocast_enabled", "is_jit_compile_false", "matmul",
+    "set_autocast_dtype", "set_autocast_enabled", "set_compile_mode", "set_option",
+]
+
+_options: dict[str, str] = {}
+
+
+def set_compile_mode(jit_compile: bool = False) -> None:
+    """Stored only: npusim has no op compiler (torch_npu: compile ops with CANN's JIT or not)."""
+    _options["jitCompile"] = "enable" if jit_compile else "disable"
+
+
+def is_jit_compile_false() -> bool:
+    """What :func:`set_compile_mode` last stored (torch_npu's default: JIT off)."""
+    return _options.get("jitCompile", "disable") == "disable"
+
+
+def set_option(option: dict[str, Any]) -> None:
+    """Stored only (torch_npu: ACL options such as ``ACL_OP_COMPILER_CACHE_MODE``)."""
+    if not isinstance(option, dict):
+        raise TypeError(f"torch.npu.set_option: expected a dict of options, got {type(option).__name__}")
+    _options.update({str(k): str(v) for k, v in option.items()})
+
+
+class _Config:
+    """``torch.npu.config.allow_internal_format``: stored; npusim keeps every tensor in ND format."""
+
+    allow_internal_format: bool = False
+
+
+class _AllowHF32:
+    """``torch.npu.matmul.allow_hf32`` / ``torch.npu.conv.allow_hf32``: stored; CPU kernels compute in fp32."""
+
+    def __init__(self, default: bool) -> None:
+        self.allow_hf32 = default
+
+
+config = _Config()
+matmul = _AllowHF32(False)
+conv = _AllowHF32(True)
+
+
+def is_autocast_enabled() -> bool:
+    return torch.is_autocast_enabled("npu")
+
+
+def set_autocast_enabled(enabled: bool) -> None:
+    torch.set_autocast_enabled("npu", enabled)
+
+
+def get_autocast_dtype() -> torch.dtype:
+    return torch.get_autocast_dtype("npu")
+
+
+def set_autocast_dtype(dtype: torch.dtype) -> None:
+    torch.set_autocast_dtype("npu", dtype)

@@ -1,0 +1,43 @@
+"""``python -m npusim run script.py [args]``: runs a torch_npu script unmodified.
+
+The script's ``import torch_npu`` gets npusim's compatibility module
+(:mod:`npusim.compat.torch_npu`), installed in this process only; the script
+then runs as ``__main__`` with ``sys.argv = [script, *args]``, exactly as
+``python script.py args`` would run it. Under torchrun
+(``torchrun --nproc-per-node 2 -m npusim run train.py``) every rank does the
+same, and ``hccl`` process groups use npusim's collective backend.
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import runpy
+import sys
+
+
+def add_arguments(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument("-m", dest="module", action="store_true",
+                        help="run TARGET as a module (like python -m TARGET)")
+    parser.add_argument("target", help="the script (or, with -m, the module) to run")
+    parser.add_argument("args", nargs=argparse.REMAINDER, help="the script's own arguments")
+
+
+def run(args: argparse.Namespace) -> int:
+    from npusim.compat import torch_npu
+
+    torch_npu.install()
+    sys.argv = [args.target, *args.args]
+    try:
+        if args.module:
+            runpy.run_module(args.target, run_name="__main__", alter_sys=True)
+        else:
+            if not os.path.isfile(args.target):
+                print(f"npusim run: no such script: {args.target}", file=sys.stderr)
+                return 2
+            sys.path.insert(0, os.path.dirname(os.path.abspath(args.target)))
+            runpy.run_path(args.target, run_name="__main__")
+    except SystemExit as exit_:
+        code = exit_.code
+        return code if isinstance(code, int) else (0 if code is None else 1)
+    return 0
