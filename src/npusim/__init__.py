@@ -17,5 +17,9 @@ import npusim.ops  # noqa: E402, F401  (registers the _foreach_copy_ kernel)
 from npusim._device import BackendConflictError  # noqa: E402  (registers the device)
 from npusim.runtime import timing  # noqa: E402
 from npusim.runtime.profiles import PRESETS, Profile, get_profile, set_profile, use_profile  # noqa: E402
+from npusim import sanitizer  # noqa: E402
 
-__all__ = ["PRESETS", "BackendConflictError", "Profile", "get_profile", "set_profile", "timing", "use_profile"]
+sanitizer.enable_from_env()  # NPUSIM_SANITIZER=1
+
+__all__ = ["PRESETS", "BackendConflictError", "Profile", "get_profile", "sanitizer", "set_profile", "timing",
+           "use_profile"]

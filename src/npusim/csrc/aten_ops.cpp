@@ -123,7 +123,7 @@ at::Tensor copy_from(const at::Tensor& src, const at::Tensor& dst, bool non_bloc
       at::assert_no_internal_overlap(dst);
       at::assert_no_partial_overlap(dst, src);
       src_stream.enqueue([dst_alias, src_alias] { host_copy(dst_alias, src_alias); },
-          copy_task_us(nbytes));
+          copy_task_us(nbytes), "copy_d2d");
       return dst;
     }
     // Cross-device: a two-way barrier so that no one touches dst during the
@@ -131,7 +131,7 @@ at::Tensor copy_from(const at::Tensor& src, const at::Tensor& dst, bool non_bloc
     NpuStream& dst_stream = current_stream(dst.device().index());
     stream_wait_stream(src_stream, dst_stream);
     src_stream.enqueue([dst_alias, src_alias] { host_copy(dst_alias, src_alias); },
-        link_task_us(nbytes));
+        link_task_us(nbytes), "copy_peer");
     stream_wait_stream(dst_stream, src_stream);
     return dst;
   }
@@ -147,7 +147,8 @@ at::Tensor copy_from(const at::Tensor& src, const at::Tensor& dst, bool non_bloc
       host_copy(staging, src_alias);
       src_alias = staging;
     }
-    stream.enqueue([dst_alias, src_alias] { host_copy(dst_alias, src_alias); }, copy_task_us(nbytes));
+    stream.enqueue([dst_alias, src_alias] { host_copy(dst_alias, src_alias); }, copy_task_us(nbytes),
+        "copy_h2d");
     if (!non_blocking) {
       stream.synchronize();
     }
@@ -156,7 +157,8 @@ at::Tensor copy_from(const at::Tensor& src, const at::Tensor& dst, bool non_bloc
 
   // device -> host
   NpuStream& stream = current_stream(src.device().index());
-  stream.enqueue([dst_alias, src_alias] { host_copy(dst_alias, src_alias); }, copy_task_us(nbytes));
+  stream.enqueue([dst_alias, src_alias] { host_copy(dst_alias, src_alias); }, copy_task_us(nbytes),
+      "copy_d2h");
   // A pageable destination is written synchronously, as the driver does: its
   // memory is not ours to keep alive until the copy runs.
   if (!non_blocking || !is_pinned_ptr(dst.storage().data())) {

@@ -95,7 +95,9 @@ void release(Block* b) {
 
 void free_block(void* ctx) {
   auto* b = static_cast<Block*>(ctx);
-  stats_of(*b).allocated.fetch_sub(static_cast<int64_t>(b->size));
+  MemoryStats& s = stats_of(*b);
+  note_memory(b->ptr, -static_cast<int64_t>(b->size), s.allocated.fetch_sub(static_cast<int64_t>(b->size)) -
+      static_cast<int64_t>(b->size), s.reserved.load(), b->device);
   auto fences = pending_stream_fences();
   if (fences.empty()) {
     release(b);
@@ -229,6 +231,8 @@ c10::DataPtr allocate_device(c10::DeviceIndex device, size_t nbytes) {
       format_bytes(static_cast<int64_t>(nbytes)));
   auto* block = new Block{ptr, nbytes, device, {}};
   account_alloc(g_device_stats[device], static_cast<int64_t>(nbytes));
+  note_memory(ptr, static_cast<int64_t>(nbytes), g_device_stats[device].allocated.load(),
+      g_device_stats[device].reserved.load(), device);
   return c10::DataPtr(ptr, block, &free_block, dev);
 }
 
@@ -238,6 +242,8 @@ c10::DataPtr adopt_as_device(c10::DataPtr&& cpu, size_t nbytes, c10::DeviceIndex
   check_capacity(device, nbytes);  // on failure `cpu` frees the memory
   auto* block = new Block{ptr, nbytes, device, std::move(cpu)};
   account_alloc(g_device_stats[device], static_cast<int64_t>(nbytes));
+  note_memory(ptr, static_cast<int64_t>(nbytes), g_device_stats[device].allocated.load(),
+      g_device_stats[device].reserved.load(), device);
   return c10::DataPtr(ptr, block, &free_block, c10::Device(c10::DeviceType::PrivateUse1, device));
 }
 
@@ -253,6 +259,7 @@ c10::DataPtr allocate_pinned(size_t nbytes) {
     g_pinned_ranges[reinterpret_cast<uintptr_t>(ptr)] = nbytes;
   }
   account_alloc(g_pinned_stats, static_cast<int64_t>(nbytes));
+  note_memory(ptr, static_cast<int64_t>(nbytes), g_pinned_stats.allocated.load(), g_pinned_stats.reserved.load(), -1);
   return c10::DataPtr(ptr, block, &free_block, c10::Device(c10::DeviceType::CPU));
 }
 

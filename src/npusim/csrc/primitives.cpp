@@ -107,7 +107,7 @@ void launch_foreach_copy(const std::vector<at::Tensor>& dsts, const std::vector<
           host_copy(dst, src);
         }
       },
-      copy_task_us(nbytes));
+      copy_task_us(nbytes), "foreach_copy");
 }
 
 void memcpy_batch(const std::vector<at::Tensor>& dsts, const std::vector<at::Tensor>& srcs) {
@@ -142,7 +142,7 @@ void memcpy_batch_async(const std::vector<at::Tensor>& dsts, const std::vector<a
           raw_copy(dst, src);
         }
       },
-      copy_task_us(nbytes));
+      copy_task_us(nbytes), "memcpy_batch_async");
   if (wait) {
     stream.synchronize();
   }

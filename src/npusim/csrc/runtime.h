@@ -4,6 +4,7 @@
 #pragma once
 
 #include "npu_type.h"
+#include "trace.h"
 
 #include <c10/core/Allocator.h>
 #include <c10/core/Device.h>
@@ -65,7 +66,8 @@ class NpuStream {
 
   // duration_us > 0 (timing model): the worker holds the stream that long
   // before running fn, so fn's effects appear when the task completes.
-  void enqueue(std::function<void()> fn, double duration_us = 0.0);
+  // `label` names the task in profiler traces (a string literal).
+  void enqueue(std::function<void()> fn, double duration_us = 0.0, const char* label = "task");
   bool query() const {
     return completed_.load(std::memory_order_acquire) ==
         enqueued_.load(std::memory_order_acquire);
@@ -88,9 +90,11 @@ class NpuStream {
   struct Task {
     std::function<void()> fn;
     double duration_us;
+    std::shared_ptr<TaskProfile> profile;  // null unless enqueued under torch.profiler
   };
   void run();
-  void push(std::function<void()> fn, double duration_us);
+  void run_task(Task& task);
+  void push(std::function<void()> fn, double duration_us, std::shared_ptr<TaskProfile> profile);
   void raise_pending_error();
 
   const c10::DeviceIndex device_;
