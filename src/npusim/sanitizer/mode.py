@@ -16,6 +16,7 @@ from collections.abc import Callable, Iterator
 from typing import Any
 
 import torch
+from torch._subclasses.fake_tensor import FakeTensor
 from torch.utils._python_dispatch import TorchDispatchMode, is_traceable_wrapper_subclass
 
 from npusim.runtime import acl
@@ -80,7 +81,10 @@ class SanitizerMode(TorchDispatchMode):
     def __torch_dispatch__(self, func: Any, types: Any, args: tuple[Any, ...] = (),
                            kwargs: dict[str, Any] | None = None) -> Any:
         kwargs = kwargs or {}
-        if any(is_traceable_wrapper_subclass(t) for a in (*args, *kwargs.values()) for t in _tensors(a)):
+        tensors = [t for a in (*args, *kwargs.values()) for t in _tensors(a)]
+        if any(isinstance(t, FakeTensor) for t in tensors):
+            return func(*args, **kwargs)  # shape propagation (DTensor, compile): no memory
+        if any(is_traceable_wrapper_subclass(t) for t in tensors):
             return NotImplemented  # let the subclass (DTensor) unwrap; its inner ops come back here
         state = self.state
         state.ops += 1

@@ -31,7 +31,7 @@ class Access(NamedTuple):
 class RaceReport(NamedTuple):
     kind: RaceKind
     message: str
-    stack: traceback.StackSummary  # the access (or free) that revealed the race
+    stack: traceback.StackSummary  # the access (for a FREE race: the free) that revealed the race
     previous: Access  # the unordered earlier access
 
     def __str__(self) -> str:

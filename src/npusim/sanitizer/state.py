@@ -30,10 +30,11 @@ class Span(NamedTuple):
 
 
 class StorageState:
-    __slots__ = ("accesses", "alloc_stream", "recorded")
+    __slots__ = ("accesses", "alloc_stream", "fresh", "recorded")
 
     def __init__(self, alloc_stream: StreamKey | None) -> None:
         self.accesses: list[Access] = []
+        self.fresh = True  # no access yet: its first one may be a reuse of a freed block
         self.alloc_stream = alloc_stream  # the stream the caching allocator would give the block back to
         self.recorded: set[StreamKey] = set()  # record_stream targets
 
@@ -42,6 +43,30 @@ def _where(span: Span) -> str:
     device, ptr = span.storage
     place = "host memory" if device == HOST_DEVICE else f"npu:{device} memory"
     return f"{place} at 0x{ptr:x} (bytes {span.lo}..{span.hi})"
+
+
+class PendingFree(NamedTuple):
+    """A block freed while ``use`` (on another stream than the block's allocation stream) was unordered
+    with the allocation stream; a race once a new block's first use on that stream is still unordered."""
+
+    span: Span
+    use: Access
+    stack: traceback.StackSummary  # where it was freed
+
+
+# Note [Sanitizer free check]
+# CUDA's caching allocator gives a freed block back to its allocation stream at
+# once: the next allocation there may get it, without waiting for other streams
+# that still use it (record_stream tells it to wait). The race is between such
+# a use and the new owner's first access, so the check is made then: a block
+# freed while a use on another stream was unordered with the allocation stream
+# is pending until the allocation stream is ordered after that use; the first
+# access, on that stream, of any block allocated meanwhile that is still not
+# ordered after it is reported. (npusim's own allocator defers every free until
+# all streams pass it, so nothing breaks here; on a device it would.) FSDP2
+# frees gradients allocated on its reduce-scatter stream after the optimizer
+# used them on the default stream, and is right to: the reduce-scatter stream
+# waits for the default stream before its next allocation.
 
 
 class State:
@@ -54,6 +79,7 @@ class State:
         self.reports: list[RaceReport] = []
         self.unraised = 0  # reports not yet raised (on_race="raise")
         self.ops = 0  # operations seen
+        self.pending_frees: dict[StreamKey, list[PendingFree]] = {}  # Note [Sanitizer free check]
 
     def _report(self, kind: RaceKind, message: str, stack: traceback.StackSummary, previous: Access) -> None:
         self.reports.append(RaceReport(kind, message, stack, previous))
@@ -71,6 +97,10 @@ class State:
             state = self.storages[span.storage] = StorageState(s)
         elif alloc:
             state.alloc_stream = s
+        if state.fresh:
+            state.fresh = False
+            if s in self.pending_frees:
+                self._check_reuse(s, clock, stack)
         for prev in state.accesses:
             if (prev.stream != s and (prev.write or write) and prev.lo < span.hi and span.lo < prev.hi
                     and clock.get(prev.stream, 0) < prev.seq):
@@ -93,7 +123,8 @@ class State:
             return
         host = self.clocks.host
         for prev in state.accesses:
-            if (prev.write or write) and prev.lo < span.hi and span.lo < prev.hi and host.get(prev.stream, 0) < prev.seq:
+            if ((prev.write or write) and prev.lo < span.hi and span.lo < prev.hi
+                    and host.get(prev.stream, 0) < prev.seq):
                 if prev.write:
                     kind, what = RaceKind.HOST, (f"the host {'writes' if write else 'reads'} {_where(span)} "
                                                  f"({op}) while {prev.op} on {prev.stream} may still be writing it")
@@ -116,8 +147,7 @@ class State:
             state.recorded.add(s)
 
     def free(self, storage: StorageId, stack: traceback.StackSummary) -> None:
-        """The block at ``storage`` was freed: a stream other than its allocation stream that may still
-        use it, without record_stream, races with the block's next owner."""
+        """The block at ``storage`` was freed (Note [Sanitizer free check])."""
         state = self.storages.pop(storage, None)
         if state is None or state.alloc_stream is None:
             return
@@ -128,13 +158,20 @@ class State:
             if prev.stream == alloc or prev.stream in state.recorded:
                 continue
             if max(after.get(prev.stream, 0), host.get(prev.stream, 0)) < prev.seq:
-                span = Span(storage, prev.lo, prev.hi)
+                self.pending_frees.setdefault(alloc, []).append(
+                    PendingFree(Span(storage, prev.lo, prev.hi), prev, stack))
+
+    def _check_reuse(self, s: StreamKey, clock: Clock, stack: traceback.StackSummary) -> None:
+        """A new block's first access on ``s``: pending frees still unordered with it are races."""
+        for pending in self.pending_frees.pop(s):
+            use = pending.use
+            if clock.get(use.stream, 0) < use.seq:
                 self._report(RaceKind.FREE,
-                             f"{_where(span)}, allocated on {alloc}, was freed while {prev.op} on {prev.stream} "
-                             f"may still use it; the allocator may hand it to new work on {alloc} at once. Call "
-                             f"tensor.record_stream({prev.stream}) or make {alloc} wait for it before the free",
-                             stack, prev)
-                return
+                             f"{_where(pending.span)}, allocated on {s}, was freed while {use.op} on {use.stream} "
+                             f"may still use it, and new work on {s} may reuse it now (its first access "
+                             f"is shown). Call tensor.record_stream({use.stream}) or make {s} wait for "
+                             f"{use.stream} before the free",
+                             pending.stack, use)
 
     def forget(self, storage: StorageId) -> None:
         self.storages.pop(storage, None)
