@@ -19,7 +19,7 @@ See Note [Legacy mode] for the kernel before the change.
 from __future__ import annotations
 
 from collections.abc import Iterator
-from contextlib import contextmanager
+from contextlib import AbstractContextManager, contextmanager, nullcontext
 
 import torch
 
@@ -37,6 +37,17 @@ MODE_ENV = "NPUSIM_FOREACH_COPY_MODE"
 # kernel, and with non_blocking=False (FSDP2's default) the host waited for the
 # copy to finish. npusim keeps that behaviour selectable only so the difference
 # can be measured (SPEC.md section 6); it is never the recommended setting.
+
+
+# torch.profiler ranges naming the route taken, e.g. "npusim::foreach_copy[fast]"; with the
+# profiler off a range costs one C call.
+_profiler_enabled = torch._C._autograd._profiler_enabled
+_RANGES = {route: f"npusim::foreach_copy[{route}]" for route in ("fast", "batch", "slow", "compat")}
+_NO_RANGE = nullcontext()
+
+
+def _range(route: Route) -> AbstractContextManager[object]:
+    return torch.profiler.record_function(_RANGES[route]) if _profiler_enabled() else _NO_RANGE
 
 
 def _mode_from_env() -> str:
@@ -139,25 +150,28 @@ def _process(self: list[torch.Tensor], src: list[torch.Tensor], non_blocking: bo
     # can_use_fast_route puts every tensor on one device; a group of a mixed-device
     # list may be host-only, which the device kernel cannot copy.
     if fast_route and src[0].device.type == "npu" and src[0].dtype in profile.fast_dtypes:
-        chunks = _launch_fast(self, src)
-        passed = True if _mode == "aligned" else non_blocking
-        if not passed:
-            _synchronize_current_stream(src[0].device.index, profile.sync_timeout_s)
+        with _range("fast"):
+            chunks = _launch_fast(self, src)
+            passed = True if _mode == "aligned" else non_blocking
+            if not passed:
+                _synchronize_current_stream(src[0].device.index, profile.sync_timeout_s)
         acl.increment_version(self)
         return "fast", chunks, passed
     # A fast route (e.g. a dtype the kernel lacks) is device-to-device: never batch-eligible.
     if not fast_route and profile.batch and profile.memcpy_batch_available(non_blocking):
         device = _batch_device(self, src, non_blocking)
         if device is not None:
-            if non_blocking:
-                acl.memcpy_batch_async(self, src)
-            else:
-                # The blocking memcpy bypasses the stream: earlier work on it must be done.
-                _synchronize_current_stream(device, profile.sync_timeout_s)
-                acl.memcpy_batch(self, src)
+            with _range("batch"):
+                if non_blocking:
+                    acl.memcpy_batch_async(self, src)
+                else:
+                    # The blocking memcpy bypasses the stream: earlier work on it must be done.
+                    _synchronize_current_stream(device, profile.sync_timeout_s)
+                    acl.memcpy_batch(self, src)
             acl.increment_version(self)
             return "batch", 1, non_blocking
-    _slow(self, src, non_blocking)
+    with _range("slow"):
+        _slow(self, src, non_blocking)
     return "slow", 0, non_blocking
 
 
@@ -182,7 +196,8 @@ def foreach_copy_(self: list[torch.Tensor], src: list[torch.Tensor], non_blockin
     # falls back to, begins with the same checks.
     acl.check_foreach_api_restrictions(self, src)
     if not profile.foreach_copy_kernel:
-        _slow(self, src, non_blocking)
+        with _range("compat"):
+            _slow(self, src, non_blocking)
         if _trace._active:
             group = GroupRecord("compat", len(self), 0, non_blocking, None)
             _trace.emit(CallRecord((group,), non_blocking, _mode))

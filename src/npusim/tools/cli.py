@@ -11,6 +11,7 @@ import sys
 COMMANDS: dict[str, tuple[str, str]] = {
     "demo": ("npusim.tools.demo", "train a small model on the simulated npu"),
     "bench": ("npusim.tools.bench", "run a benchmark (prints a table, writes a plot)"),
+    "fuzz": ("npusim.tools.fuzz", "copy_ / _foreach_copy_ on the npu against CPU, generated cases"),
     "audit": ("npusim.distributed.audit", "list FSDP2 functions and kernels replaced in this process"),
 }
 
