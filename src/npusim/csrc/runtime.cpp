@@ -176,8 +176,7 @@ void NpuStream::run() {
     }
     if (task.profile) {
       // See Note [Device tasks in torch.profiler].
-      const at::ThreadLocalStateGuard profiler_state(task.profile->state);
-      RECORD_USER_SCOPE(task.profile->name);
+      const TaskProfileScope scope(*task.profile);
       run_task(task);
     } else {
       run_task(task);

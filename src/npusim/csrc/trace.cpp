@@ -25,7 +25,7 @@ std::shared_ptr<TaskProfile> profile_task(const std::string& lane, const char* l
   if (!profiler_active()) {
     return nullptr;
   }
-  return std::make_shared<TaskProfile>(TaskProfile{at::ThreadLocalState(), c10::str(lane, ": ", label)});
+  return TaskProfile::capture(c10::str(lane, ": ", label));
 }
 
 void name_thread(const std::string& name) {

@@ -4,13 +4,14 @@
 // See Note [Device tasks in torch.profiler].
 #pragma once
 
-#include <ATen/ThreadLocalState.h>
+#include <ATen/record_function.h>
 #include <c10/util/ThreadLocalDebugInfo.h>
 #include <c10/core/Device.h>
 
 #include <atomic>
 #include <cstdint>
 #include <memory>
+#include <optional>
 #include <string>
 #include <vector>
 
@@ -25,10 +26,43 @@ inline bool profiler_active() {
 }
 
 // A device task's profile: the enqueuing thread's profiler state and the
-// range name ("npu:0 stream 3: foreach_copy").
+// range name ("npu:0 stream 3: foreach_copy"). Only the profiler's part of the
+// thread-local state: the whole at::ThreadLocalState would also carry Python
+// objects (saved-tensor hooks, dispatch modes) that a stream worker, which
+// never holds the GIL, must not release.
 struct TaskProfile {
-  at::ThreadLocalState state;
+  std::shared_ptr<c10::ThreadLocalDebugInfo> debug_info;
+  at::RecordFunctionTLS callbacks;
   std::string name;
+
+  static std::shared_ptr<TaskProfile> capture(std::string name) {
+    return std::make_shared<TaskProfile>(
+        TaskProfile{c10::ThreadLocalDebugInfo::current(), at::get_record_function_tls_(), std::move(name)});
+  }
+};
+
+// Runs the rest of the scope under `profile`'s profiler state, inside its range.
+class TaskProfileScope {
+ public:
+  explicit TaskProfileScope(const TaskProfile& profile)
+      : debug_info_(profile.debug_info), saved_(at::get_record_function_tls_()) {
+    at::set_record_function_tls_(profile.callbacks);
+    range_.emplace(at::RecordScope::USER_SCOPE);
+    if (range_->isActive()) {
+      range_->before(profile.name);
+    }
+  }
+  ~TaskProfileScope() {
+    range_.reset();  // ends the range while the profiler's state is still set
+    at::set_record_function_tls_(saved_);
+  }
+  TaskProfileScope(const TaskProfileScope&) = delete;
+  TaskProfileScope& operator=(const TaskProfileScope&) = delete;
+
+ private:
+  c10::DebugInfoGuard debug_info_;
+  at::RecordFunctionTLS saved_;
+  std::optional<at::RecordFunction> range_;
 };
 // Null unless profiler_active().
 std::shared_ptr<TaskProfile> profile_task(const std::string& lane, const char* label);

@@ -135,6 +135,8 @@ def generate(seed: int, index: int) -> Case:
     uniform = rng.random() < 0.6  # foreach lists with one shape / dtype / device pattern (fast route candidates)
     dtypes = (rng.choice(DTYPES), rng.choice(DTYPES))
     devices = (rng.choice(DEVICES), rng.choice(DEVICES))
+    if uniform and rng.random() < 0.4:  # one dtype on one npu: what the fast route takes
+        dtypes, devices = (dtypes[0], dtypes[0]), (rng.choice(DEVICES[:2]),) * 2
     pinned = rng.random() < 0.5
 
     def new_base(device: str, nbytes: int, dtype: torch.dtype) -> int:

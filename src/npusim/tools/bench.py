@@ -13,6 +13,7 @@ BENCHMARKS: dict[str, str] = {
     "fsdp-copy-in": "npusim.bench.fsdp_copy_in",  # host time blocked in all-gather copy-in
     "fsdp-step": "npusim.bench.fsdp_step",  # FSDP2 step time npu vs CPU+gloo
     "fsdp-enhance": "npusim.bench.fsdp_enhance",  # all-gathers / allocations with and without enhancements
+    "sanitizer": "npusim.bench.sanitizer",  # FSDP2 step time with the stream race sanitizer off / on
 }
 
 

@@ -12,6 +12,7 @@ COMMANDS: dict[str, tuple[str, str]] = {
     "demo": ("npusim.tools.demo", "train a small model on the simulated npu"),
     "bench": ("npusim.tools.bench", "run a benchmark (prints a table, writes a plot)"),
     "fuzz": ("npusim.tools.fuzz", "copy_ / _foreach_copy_ on the npu against CPU, generated cases"),
+    "timeline": ("npusim.tools.timeline", "one FSDP2 step per kernel mode as a stream timeline picture"),
     "audit": ("npusim.distributed.audit", "list FSDP2 functions and kernels replaced in this process"),
 }
 

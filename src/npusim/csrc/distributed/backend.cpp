@@ -205,7 +205,7 @@ c10::intrusive_ptr<c10d::Work> ProcessGroupNpu::launch(Launch&& l) {
   job.duration_us = l.bytes > 0 ? api.link_task_us(l.bytes) : 0.0;
   job.what = what;
   if (profiler_active()) {
-    job.profile = std::make_shared<TaskProfile>(TaskProfile{at::ThreadLocalState(), c10::str("hccl ", what)});
+    job.profile = TaskProfile::capture(c10::str("hccl ", what));
   }
   comm_.submit(std::move(job));
   return work;

@@ -197,8 +197,7 @@ void CommStream::State::run() {
     }
     std::string error;
     if (job.profile) {
-      const at::ThreadLocalStateGuard profiler_state(job.profile->state);
-      RECORD_USER_SCOPE(job.profile->name);
+      const TaskProfileScope scope(*job.profile);
       error = run_collective(job);
     } else {
       error = run_collective(job);
