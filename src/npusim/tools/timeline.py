@@ -81,14 +81,17 @@ def _job(rank: int, world: int, args: argparse.Namespace, out: str) -> dict[str,
     return lanes
 
 
-def _lanes_of(trace: list[dict[str, Any]], stream_lanes: dict[str, int]) -> tuple[dict[str, list[tuple[float, float, str]]], float]:
+Bars = dict[str, list[tuple[float, float, str]]]
+
+
+def _lanes_of(trace: list[dict[str, Any]], stream_lanes: dict[str, int]) -> tuple[Bars, float]:
     """Bars (start us, duration us, name) per lane, and the time origin."""
     names: dict[int, str] = {}
     for e in trace:
         if e.get("ph") == "M" and e.get("name") == "thread_name":
             names[e["tid"]] = e["args"]["name"]
     by_stream = {f"npu0 stream {sid})": lane for lane, sid in stream_lanes.items()}
-    lanes: dict[str, list[tuple[float, float, str]]] = {"host: _foreach_copy_": []}
+    lanes: Bars = {"host: _foreach_copy_": []}
     lanes.update({lane: [] for lane in stream_lanes})
     lanes["comm stream (collectives)"] = []
     spans = [e for e in trace if e.get("ph") == "X"]
