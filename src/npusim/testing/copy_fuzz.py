@@ -20,8 +20,8 @@ from typing import Any, NamedTuple
 
 import torch
 
-import npusim
-from npusim.ops import trace_foreach_copy
+from npusim.ops import foreach_copy_mode, trace_foreach_copy
+from npusim.runtime.profiles import PRESETS, use_profile
 
 DTYPES = (torch.float32, torch.float16, torch.bfloat16, torch.float64, torch.int32, torch.int64, torch.int16,
           torch.int8, torch.uint8, torch.bool, torch.complex64)
@@ -172,7 +172,7 @@ def generate(seed: int, index: int) -> Case:
         share = dev_src == dev_dst and rng.random() < 0.1  # source and destination in one storage
         src = view_on(dst.base if share else None, dev_src, dt_dst if share else dt_src, src_size, dense)
         pairs.append((dst, src))
-    return Case(index, op, tuple(bases), tuple(pairs), rng.random() < 0.5, rng.choice(sorted(npusim.PRESETS)),
+    return Case(index, op, tuple(bases), tuple(pairs), rng.random() < 0.5, rng.choice(sorted(PRESETS)),
                 rng.choice(MODES))
 
 
@@ -272,8 +272,8 @@ def check(case: Case) -> Outcome:
     cpu_error = _run(case, cpu_dsts, cpu_srcs)
     routes: tuple[str, ...] = ()
     with ExitStack() as stack:
-        stack.enter_context(npusim.use_profile(case.profile))
-        stack.enter_context(npusim.ops.foreach_copy_mode(case.mode))
+        stack.enter_context(use_profile(case.profile))
+        stack.enter_context(foreach_copy_mode(case.mode))
         calls = stack.enter_context(trace_foreach_copy())
         npu_storages, npu_dsts, npu_srcs = _materialize(case, on_npu=True)
         npu_error = _run(case, npu_dsts, npu_srcs)
