@@ -13,13 +13,17 @@ from __future__ import annotations
 
 __version__ = "0.1.0"
 
-import npusim.compile  # noqa: E402, I001
-import npusim.distributed  # noqa: E402, F401, I001  (registers the collective backend)
-import npusim.ops  # noqa: E402, F401  (registers the _foreach_copy_ kernel)
-from npusim._device import BackendConflictError  # noqa: E402  (registers the device)
+from npusim._device import BackendConflictError  # noqa: E402, I001  (registers the device first)
 from npusim.runtime import timing  # noqa: E402
 from npusim.runtime.profiles import PRESETS, Profile, get_profile, set_profile, use_profile  # noqa: E402
 
-npusim.compile.register()  # torch.compile on the npu, registered lazily (Note in npusim/compile)
+import npusim.compile  # noqa: E402, I001  (torch.compile on the npu)
+import npusim.distributed  # noqa: E402, F401  (registers the collective backend)
+import npusim.ops  # noqa: E402, F401  (registers the _foreach_copy_ kernel)
+from npusim import sanitizer  # noqa: E402
 
-__all__ = ["PRESETS", "BackendConflictError", "Profile", "get_profile", "set_profile", "timing", "use_profile"]
+npusim.compile.register()  # torch.compile on the npu, registered lazily (Note in npusim/compile)
+sanitizer.enable_from_env()  # NPUSIM_SANITIZER=1
+
+__all__ = ["PRESETS", "BackendConflictError", "Profile", "get_profile", "sanitizer", "set_profile", "timing",
+           "use_profile"]

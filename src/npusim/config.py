@@ -43,6 +43,7 @@ VARIABLES: dict[str, Variable] = {v.name: v for v in (
     Variable("NPUSIM_TIMING", "", "timing model, e.g. copy_gbps=2,launch_us=20,link_gbps=1 (default off)"),
     Variable("NPUSIM_FOREACH_COPY_MODE", "aligned", "aligned or legacy (the _foreach_copy_ kernel before the change)"),
     Variable("NPUSIM_LAUNCH_BLOCKING", "0", "1: every device task completes before its launch returns"),
+    Variable("NPUSIM_SANITIZER", "0", "1: report stream races (npusim.sanitizer), like TORCH_CUDA_SANITIZER"),
     Variable("NPUSIM_BUILD_DIR", "", "where the C++ core is built and cached"),
     Variable("NPUSIM_BUILD_VERBOSE", "0", "1: show the compiler's output while building"),
 )}

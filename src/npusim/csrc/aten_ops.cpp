@@ -137,7 +137,7 @@ at::Tensor copy_from(const at::Tensor& src, const at::Tensor& dst, bool non_bloc
       }
       at::assert_no_partial_overlap(dst, src);
       src_stream.enqueue([dst_alias, src_alias] { host_copy(dst_alias, src_alias); },
-          copy_task_us(nbytes), "copy_");
+          copy_task_us(nbytes), "copy_d2d");
       return dst;
     }
     // Cross-device: a two-way barrier so that no one touches dst during the
@@ -145,7 +145,7 @@ at::Tensor copy_from(const at::Tensor& src, const at::Tensor& dst, bool non_bloc
     NpuStream& dst_stream = current_stream(dst.device().index());
     stream_wait_stream(src_stream, dst_stream);
     src_stream.enqueue([dst_alias, src_alias] { host_copy(dst_alias, src_alias); },
-        link_task_us(nbytes), "copy_");
+        link_task_us(nbytes), "copy_peer");
     stream_wait_stream(dst_stream, src_stream);
     return dst;
   }
@@ -153,7 +153,8 @@ at::Tensor copy_from(const at::Tensor& src, const at::Tensor& dst, bool non_bloc
   // host <-> device, on the current stream of the npu side
   NpuStream& stream = current_stream((dst_npu ? dst : src).device().index());
   at::Tensor src_alias = dst_npu && non_blocking ? stage_pageable_sources({src})[0] : cpu_alias(src);
-  stream.enqueue([dst_alias, src_alias] { host_copy(dst_alias, src_alias); }, copy_task_us(nbytes), "copy_");
+  stream.enqueue([dst_alias, src_alias] { host_copy(dst_alias, src_alias); }, copy_task_us(nbytes),
+      dst_npu ? "copy_h2d" : "copy_d2h");
   if (host_must_wait(dst, non_blocking)) {
     stream.synchronize();
   }

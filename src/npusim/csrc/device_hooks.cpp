@@ -62,6 +62,10 @@ struct NpuGuardImpl final : public c10::impl::DeviceGuardImplInterface {
     return static_cast<c10::DeviceIndex>(device_count());
   }
   void destroyEvent(void* event, const c10::DeviceIndex) const noexcept override {
+    try {
+      trace_stream_op(StreamOp::kDestroyEvent, event, -1, -1);
+    } catch (...) {  // an observer's failure must not escape a noexcept destructor
+    }
     delete as_event(event);
   }
   void record(void** event, const c10::Stream& stream, const c10::DeviceIndex device_index,
@@ -75,10 +79,12 @@ struct NpuGuardImpl final : public c10::impl::DeviceGuardImplInterface {
       *event = created;
     }
     event_record(*as_event(*event), stream_for(stream));
+    trace_stream_op(StreamOp::kRecordEvent, *event, stream.device_index(), stream.id());
   }
   void block(void* event, const c10::Stream& stream) const override {
     if (event != nullptr) {
       stream_wait_event(stream_for(stream), *as_event(event));
+      trace_stream_op(StreamOp::kWaitEvent, event, stream.device_index(), stream.id());
     }
   }
   bool queryEvent(void* event) const override {
@@ -89,14 +95,18 @@ struct NpuGuardImpl final : public c10::impl::DeviceGuardImplInterface {
   }
   void synchronizeStream(const c10::Stream& stream) const override {
     stream_for(stream).synchronize();
+    trace_stream_op(StreamOp::kSyncStream, nullptr, stream.device_index(), stream.id());
   }
   void synchronizeEvent(void* event) const override {
     if (event != nullptr) {
       event_synchronize(*as_event(event));
+      trace_stream_op(StreamOp::kSyncEvent, event, -1, -1);
     }
   }
   void synchronizeDevice(const c10::DeviceIndex device_index) const override {
-    synchronize_device(device_index < 0 ? current_device() : device_index);
+    const c10::DeviceIndex device = device_index < 0 ? current_device() : device_index;
+    synchronize_device(device);
+    trace_stream_op(StreamOp::kSyncDevice, nullptr, device, -1);
   }
   double elapsedTime(void* start, void* end, const c10::DeviceIndex) const override {
     TORCH_CHECK(start && end, "elapsed_time: both events must be recorded first");

@@ -2,6 +2,8 @@
 // one stream task, and the graph's private memory pool.
 #include "graph.h"
 
+#include "generator.h"
+
 #include "device_hooks.h"
 #include "memory.h"
 #include "host_transfer.h"
@@ -155,8 +157,10 @@ class OpRecorder {
     } else if (v.isDevice() && v.toDevice().type() == kNpu) {
       cpu_args_.emplace_back(c10::Device(c10::DeviceType::CPU));
       meta_args_.emplace_back(c10::Device(c10::DeviceType::Meta));
-    } else if (v.isNone() && generator_slot) {
-      cpu_args_.emplace_back(device_generator(device_));  // as the eager fallback does
+    } else if (generator_slot) {
+      // As the eager fallback does: a CPU generator seeded from the npu one.
+      cpu_args_.emplace_back(cpu_generator_for(
+          v.isNone() ? std::nullopt : std::optional<at::Generator>(v.toGenerator()), device_));
       meta_args_.emplace_back(v);
     } else {
       cpu_args_.push_back(v);

@@ -4,6 +4,7 @@
 #include "memory.h"
 
 #include "graph.h"
+#include "trace.h"
 
 #include <c10/core/CachingDeviceAllocator.h>
 #include <c10/util/Exception.h>
@@ -338,6 +339,7 @@ void account_allocated_locked(DevicePool& p, Block* b, size_t requested, bool wa
     p.stats.oversize_allocations.increase(1);
   }
   trace_locked(p, "alloc", *b);
+  note_memory(b->ptr, static_cast<int64_t>(b->size), p.stats.allocated_bytes[0].current, reserved_of(p), b->device);
 }
 
 // A new segment joins the pool (lock held).
@@ -397,6 +399,7 @@ void free_block(void* ctx) {
   update(p.stats.allocated_bytes, b->size, -static_cast<int64_t>(b->size));
   update(p.stats.requested_bytes, b->size, -static_cast<int64_t>(b->requested));
   trace_locked(p, "free_requested", *b);
+  note_memory(b->ptr, -static_cast<int64_t>(b->size), p.stats.allocated_bytes[0].current, reserved_of(p), b->device);
   if (fences.empty()) {
     finish_free_locked(p, b);
     return;

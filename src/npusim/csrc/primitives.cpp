@@ -93,7 +93,7 @@ void launch_chunk(NpuStream& stream, const c10::Device device, const std::vector
           host_copy(dst, src);
         }
       },
-      copy_task_us(nbytes));
+      copy_task_us(nbytes), "foreach_copy");
 }
 
 }  // namespace
@@ -145,7 +145,7 @@ void memcpy_batch_async(const std::vector<at::Tensor>& dsts, const std::vector<a
           raw_copy(dst, src);
         }
       },
-      copy_task_us(nbytes));
+      copy_task_us(nbytes), "memcpy_batch_async");
   increment_version(dsts);
   if (wait) {
     stream.synchronize();

@@ -2,7 +2,9 @@
 #include "memory.h"
 #include "runtime.h"
 
+#include <ATen/record_function.h>
 #include <c10/util/Exception.h>
+#include <c10/util/StringUtil.h>
 
 #include <pthread.h>
 
@@ -159,13 +161,14 @@ void NpuStream::enqueue(std::function<void()> fn, double duration_us, const char
     capture_task(*graph, std::move(fn), duration_us);
     return;
   }
-  push(std::move(fn), duration_us, op);
+  push(std::move(fn), duration_us, op, profiler_active() ? profile_task(name(), op) : nullptr);
   if (launch_blocking() && !tls_is_stream_worker) {
     synchronize();
   }
 }
 
-void NpuStream::push(std::function<void()> fn, double duration_us, const char* op) {
+void NpuStream::push(std::function<void()> fn, double duration_us, const char* op,
+    std::shared_ptr<TaskProfile> profile) {
   std::lock_guard<std::mutex> lock(mutex_);
   if (!worker_) {
     worker_ = std::make_unique<std::thread>([this] { run(); });
@@ -173,14 +176,33 @@ void NpuStream::push(std::function<void()> fn, double duration_us, const char* o
     // interpreter shutdown cannot block on it.
     worker_->detach();
   }
-  queue_.push_back(Task{std::move(fn), duration_us, op});
+  queue_.push_back(Task{std::move(fn), duration_us, op, std::move(profile)});
   enqueued_.fetch_add(1, std::memory_order_acq_rel);
   work_cv_.notify_one();
+}
+
+void NpuStream::run_task(Task& task) {
+  // Under the timing model the task first occupies the stream for its
+  // modelled duration and then does its work, so that its results become
+  // visible when it completes, as on a device (never early).
+  if (task.duration_us > 0) {
+    std::this_thread::sleep_for(std::chrono::duration_cast<std::chrono::steady_clock::duration>(
+        std::chrono::duration<double, std::micro>(task.duration_us)));
+  }
+  try {
+    task.fn();
+  } catch (const c10::Error& e) {
+    // The message, not the worker thread's C++ backtrace.
+    record_error(task.op, e.what_without_backtrace());
+  } catch (const std::exception& e) {
+    record_error(task.op, e.what());
+  }
 }
 
 void NpuStream::run() {
   tls_is_stream_worker = true;
   tls_current_device = device_;
+  name_thread(c10::str("npu", static_cast<int>(device_), " stream ", id_));
   for (;;) {
     Task task;
     {
@@ -189,22 +211,15 @@ void NpuStream::run() {
       task = std::move(queue_.front());
       queue_.pop_front();
     }
-    // Under the timing model the task first occupies the stream for its
-    // modelled duration and then does its work, so that its results become
-    // visible when it completes, as on a device (never early).
-    if (task.duration_us > 0) {
-      std::this_thread::sleep_for(std::chrono::duration_cast<std::chrono::steady_clock::duration>(
-          std::chrono::duration<double, std::micro>(task.duration_us)));
+    if (task.profile) {
+      // See Note [Device tasks in torch.profiler].
+      const TaskProfileScope scope(*task.profile);
+      run_task(task);
+    } else {
+      run_task(task);
     }
-    try {
-      task.fn();
-    } catch (const c10::Error& e) {
-      // The message, not the worker thread's C++ backtrace.
-      record_error(task.op, e.what_without_backtrace());
-    } catch (const std::exception& e) {
-      record_error(task.op, e.what());
-    }
-    task.fn = nullptr;  // release captures before the task counts as complete
+    task.fn = nullptr;
+    task.profile = nullptr;  // release captures before the task counts as complete
     {
       std::lock_guard<std::mutex> lock(mutex_);
       completed_.fetch_add(1, std::memory_order_acq_rel);
@@ -364,7 +379,7 @@ void event_record(NpuEvent& event, NpuStream& stream) {
       record->when = std::chrono::steady_clock::now();
     }
     record->cv.notify_all();
-  });
+  }, 0.0, "event_record");
 }
 
 void stream_wait_event(NpuStream& stream, const NpuEvent& event) {
@@ -375,7 +390,7 @@ void stream_wait_event(NpuStream& stream, const NpuEvent& event) {
   stream.enqueue([record] {
     std::unique_lock<std::mutex> lock(record->mutex);
     record->cv.wait(lock, [&] { return record->done; });
-  });
+  }, 0.0, "wait_event");
 }
 
 bool event_query(const NpuEvent& event) {

@@ -4,6 +4,7 @@
 #pragma once
 
 #include "npu_type.h"
+#include "trace.h"
 
 #include <c10/core/Allocator.h>
 #include <c10/core/Device.h>
@@ -71,8 +72,9 @@ class NpuStream {
 
   // duration_us > 0 (timing model): the worker holds the stream that long
   // before running fn, so fn's effects appear when the task completes.
-  // `op` (a string literal) names the task in the error its failure raises.
-  void enqueue(std::function<void()> fn, double duration_us = 0.0, const char* op = nullptr);
+  // `op` (a string literal) names the task in the error its failure raises
+  // and in profiler traces.
+  void enqueue(std::function<void()> fn, double duration_us = 0.0, const char* op = "task");
   bool query() const {
     return completed_.load(std::memory_order_acquire) ==
         enqueued_.load(std::memory_order_acquire);
@@ -100,9 +102,11 @@ class NpuStream {
     std::function<void()> fn;
     double duration_us;
     const char* op;
+    std::shared_ptr<TaskProfile> profile;  // null unless enqueued under torch.profiler
   };
   void run();
-  void push(std::function<void()> fn, double duration_us, const char* op);
+  void run_task(Task& task);
+  void push(std::function<void()> fn, double duration_us, const char* op, std::shared_ptr<TaskProfile> profile);
   void record_error(const char* op, const char* message);
   void raise_pending_error();
 

@@ -19,7 +19,7 @@ See Note [Legacy mode] for the kernel before the change.
 from __future__ import annotations
 
 from collections.abc import Iterator
-from contextlib import contextmanager
+from contextlib import AbstractContextManager, contextmanager, nullcontext
 
 import torch
 
@@ -37,6 +37,17 @@ MODE_ENV = "NPUSIM_FOREACH_COPY_MODE"
 # kernel, and with non_blocking=False (FSDP2's default) the host waited for the
 # copy to finish. npusim keeps that behaviour selectable only so the difference
 # can be measured (docs/SPEC.md section 6); it is never the recommended setting.
+
+
+# torch.profiler ranges naming the route taken, e.g. "npusim::foreach_copy[fast]"; with the
+# profiler off a range costs one C call.
+_profiler_enabled = torch._C._autograd._profiler_enabled
+_RANGES = {route: f"npusim::foreach_copy[{route}]" for route in ("fast", "batch", "slow", "compat")}
+_NO_RANGE = nullcontext()
+
+
+def _range(route: Route) -> AbstractContextManager[object]:
+    return torch.profiler.record_function(_RANGES[route]) if _profiler_enabled() else _NO_RANGE
 
 
 def _mode_from_env() -> str:
@@ -122,18 +133,21 @@ def _process(self: list[torch.Tensor], src: list[torch.Tensor], non_blocking: bo
     # list may be host-only, which the device kernel cannot copy.
     if fast_route and src[0].device.type == "npu" and src[0].dtype in profile.fast_dtypes:
         passed = True if _mode == "aligned" else non_blocking
-        chunks = acl.launch_foreach_copy(self, src, not passed, profile.sync_timeout_s)
+        with _range("fast"):
+            chunks = acl.launch_foreach_copy(self, src, not passed, profile.sync_timeout_s)
         return "fast", chunks, passed
     # A fast route (e.g. a dtype the kernel lacks) is device-to-device: never batch-eligible.
     if not fast_route and profile.batch and profile.memcpy_batch_available(non_blocking):
         device = _batch_device(self, src, non_blocking)
         if device is not None:
-            if non_blocking:
-                acl.memcpy_batch_async(self, src)
-            else:
-                acl.memcpy_batch(self, src, profile.sync_timeout_s)
+            with _range("batch"):
+                if non_blocking:
+                    acl.memcpy_batch_async(self, src)
+                else:
+                    acl.memcpy_batch(self, src, profile.sync_timeout_s)
             return "batch", 1, non_blocking
-    _slow(self, src, non_blocking)
+    with _range("slow"):
+        _slow(self, src, non_blocking)
     return "slow", 0, non_blocking
 
 
@@ -157,24 +171,30 @@ def foreach_copy_(self: list[torch.Tensor], src: list[torch.Tensor], non_blockin
     if not profile.foreach_copy_kernel:
         # Upstream's slow kernel, which DO_COMPATIBILITY falls back to, begins with the same checks.
         acl.check_foreach_api_restrictions(self, src)
-        _slow(self, src, non_blocking)
+        with _range("compat"):
+            _slow(self, src, non_blocking)
         if _trace._active:
             group = GroupRecord("compat", len(self), 0, non_blocking, None)
             _trace.emit(CallRecord((group,), non_blocking, _mode))
         return
     # One native call for the common case: upstream's checks, PyTorch's predicate
     # with the profile's flags and, when the route is fast, the launch.
-    passed = True if _mode == "aligned" else non_blocking
-    chunks = acl.foreach_copy_fast(self, src, profile.nd_out, profile.fast_dtype_mask, not passed,
-                                   profile.sync_timeout_s)
-    if chunks > 0:
-        if _trace._active:
-            group = GroupRecord("fast", len(self), chunks, passed, src[0].dtype)
-            _trace.emit(CallRecord((group,), non_blocking, _mode))
-        return
+    if _profiler_enabled():
+        # Under torch.profiler each route is a range around its work: the Python path.
+        acl.check_foreach_api_restrictions(self, src)
+        fast_route = profile.nd_out and acl.can_use_fast_route(self, src)
+    else:
+        passed = True if _mode == "aligned" else non_blocking
+        chunks = acl.foreach_copy_fast(self, src, profile.nd_out, profile.fast_dtype_mask, not passed,
+                                       profile.sync_timeout_s)
+        if chunks > 0:
+            if _trace._active:
+                group = GroupRecord("fast", len(self), chunks, passed, src[0].dtype)
+                _trace.emit(CallRecord((group,), non_blocking, _mode))
+            return
+        fast_route = chunks == 0
     # can_use_fast_route implies one dtype across both lists, so the common case
     # needs no per-tensor dtype scan in Python.
-    fast_route = chunks == 0
     dtype = src[0].dtype
     if fast_route or all(s.dtype == dtype for s in src):
         route, chunks, passed = _process(self, src, non_blocking, profile, fast_route)

@@ -125,6 +125,17 @@ can_use_fast_route: Callable[[TensorList, TensorList], bool] = C.can_use_fast_ro
 check_foreach_api_restrictions: Callable[[TensorList, TensorList], None] = C.check_foreach_api_restrictions
 
 
+# ---- observers (npusim.sanitizer; torch.profiler needs none, see csrc/trace.h) --
+
+# fn(op, event_id, device, stream_id) after each event record / wait and host
+# synchronize, on the host thread that did it (op numbers: csrc/trace.h StreamOp); None removes it.
+set_stream_op_observer: Callable[[Callable[[int, int, int, int], None] | None], None] = C.set_stream_op_observer
+# fn(ptr, delta_bytes, device) per allocation (> 0) and free (< 0); device -1 is pinned host memory.
+# Called at once on a thread holding the GIL; otherwise kept for take_memory_events.
+set_memory_observer: Callable[[Callable[[int, int, int], None] | None], None] = C.set_memory_observer
+take_memory_events: Callable[[], list[tuple[int, int, int]]] = C.take_memory_events
+
+
 # ---- extensions -------------------------------------------------------------
 
 def core_api_capsule() -> Any:

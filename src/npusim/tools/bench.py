@@ -17,6 +17,7 @@ BENCHMARKS: dict[str, str] = {
     "compile": "npusim.bench.compile",  # torch.compile: first/cached compile, compiled vs eager, npu vs CPU
     "graph-replay": "npusim.bench.graph_replay",  # npu graph replay host time vs eager
     "rng": "npusim.bench.rng",  # host cost per random op, npu Philox generator vs CPU generator
+    "sanitizer": "npusim.bench.sanitizer",  # FSDP2 step time with the stream race sanitizer off / on
 }
 
 

@@ -5,6 +5,7 @@
 #include "work.h"
 
 #include <ATen/ATen.h>
+#include <ATen/record_function.h>
 #include <c10/util/Exception.h>
 
 #include <utility>
@@ -182,6 +183,7 @@ std::string ProcessGroupNpu::describe(const char* op, c10::DeviceIndex device) c
 
 c10::intrusive_ptr<c10d::Work> ProcessGroupNpu::launch(Launch&& l) {
   const CoreApi& api = core();
+  RECORD_FUNCTION(c10::str("npusim::hccl:", l.op), std::vector<c10::IValue>());
   const std::string what = describe(l.op, l.device);
   auto work = c10::make_intrusive<NpuWork>(rank_, l.type, l.device, l.outputs, l.host_blocking, what);
   CommJob job;
@@ -202,6 +204,9 @@ c10::intrusive_ptr<c10d::Work> ProcessGroupNpu::launch(Launch&& l) {
   job.release = work->releaser();
   job.duration_us = l.bytes > 0 ? api.link_task_us(l.bytes) : 0.0;
   job.what = what;
+  if (profiler_active()) {
+    job.profile = TaskProfile::capture(c10::str("hccl ", what));
+  }
   comm_.submit(std::move(job));
   return work;
 }

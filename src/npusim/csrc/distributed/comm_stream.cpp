@@ -3,7 +3,10 @@
 #include "../runtime.h"
 #include "core_api_client.h"
 
+#include <ATen/record_function.h>
 #include <c10/util/Exception.h>
+
+#include <pthread.h>
 
 #include <chrono>
 #include <thread>
@@ -101,6 +104,7 @@ struct CommStream::State : std::enable_shared_from_this<CommStream::State> {
   std::condition_variable released_cv;
 
   void run();
+  std::string run_collective(CommJob& job);
   void reap();
   void release();
   void finish(CommJob&& job, const std::string& error);
@@ -133,7 +137,24 @@ void CommStream::State::finish(CommJob&& job, const std::string& error) {
   core().maybe_reclaim();
 }
 
+std::string CommStream::State::run_collective(CommJob& job) {
+  const auto start_time = std::chrono::steady_clock::now();
+  std::string error;
+  try {
+    job.run();
+  } catch (const std::exception& e) {
+    error = message_of(e);
+  }
+  if (job.duration_us > 0) {
+    std::this_thread::sleep_until(start_time +
+        std::chrono::duration_cast<std::chrono::steady_clock::duration>(
+            std::chrono::duration<double, std::micro>(job.duration_us)));
+  }
+  return error;
+}
+
 void CommStream::State::run() {
+  pthread_setname_np(pthread_self(), "npusim comm");
   for (;;) {
     CommJob job;
     {
@@ -174,18 +195,14 @@ void CommStream::State::run() {
       std::unique_lock<std::mutex> lock(mutex);
       p2p_cv.wait(lock, [&] { return unfinished_p2p == 0; });
     }
-    const auto start_time = std::chrono::steady_clock::now();
     std::string error;
-    try {
-      job.run();
-    } catch (const std::exception& e) {
-      error = message_of(e);
+    if (job.profile) {
+      const TaskProfileScope scope(*job.profile);
+      error = run_collective(job);
+    } else {
+      error = run_collective(job);
     }
-    if (job.duration_us > 0) {
-      std::this_thread::sleep_until(start_time +
-          std::chrono::duration_cast<std::chrono::steady_clock::duration>(
-              std::chrono::duration<double, std::micro>(job.duration_us)));
-    }
+    job.profile = nullptr;
     finish(std::move(job), error);
   }
 }

@@ -2,6 +2,8 @@
 // group's collectives in issue order. See Note [Comm stream].
 #pragma once
 
+#include "../trace.h"
+
 #include <torch/csrc/distributed/c10d/Work.hpp>
 
 #include <condition_variable>
@@ -51,6 +53,9 @@ struct CommJob {
   double duration_us = 0.0;
   // "all_reduce on npu:0 (rank 0 of 2)", for error messages.
   std::string what;
+  // Set when issued under torch.profiler: the collective is recorded as a
+  // range on the comm stream's thread (Note [Device tasks in torch.profiler]).
+  std::shared_ptr<TaskProfile> profile;
 };
 
 class CommStream {

@@ -1,0 +1,302 @@
+"""The stream race sanitizer: each kind of race is reported on a racy snippet and not once the
+ordering is added; FSDP2 on the npu runs clean under it; the threaded process group's
+all-gather pattern is reported."""
+
+from __future__ import annotations
+
+import threading
+from collections.abc import Callable
+from typing import Any
+
+import pytest
+import torch
+
+import npusim
+from npusim.sanitizer import RaceKind, StreamRaceError
+from npusim.testing.ranks import run_ranks
+
+N = 4096
+
+
+def kinds(fn: Callable[[], Any]) -> list[RaceKind]:
+    """Runs ``fn`` under the sanitizer (recording) and returns the kinds reported. What ``fn``
+    returns is kept alive until the sanitizer is off, so that only the snippet's own frees count."""
+    with npusim.sanitizer.enabled(on_race="record") as san:
+        keep = fn()
+    del keep
+    torch.npu.synchronize()
+    return [r.kind for r in san.reports]
+
+
+def _stream_race(ordered: bool) -> Any:
+    side = torch.npu.Stream()
+    src = torch.randn(N, device="npu")
+    x = torch.empty(N, device="npu")
+    side.wait_stream(torch.npu.current_stream())
+    with torch.npu.stream(side):
+        x.copy_(src)  # written on the side stream
+    if ordered:
+        torch.npu.current_stream().wait_stream(side)
+    return src, x, (x * 2).sum()  # read on the default stream
+
+
+def test_stream_race_reported_then_clean_with_wait():
+    """(1) A read on the default stream of memory a side stream writes is reported; wait_stream fixes it."""
+    assert kinds(lambda: _stream_race(False)) == [RaceKind.STREAM]
+    assert kinds(lambda: _stream_race(True)) == []
+
+
+def test_stream_race_report_has_both_stacks_and_raises_by_default():
+    """The default on_race raises StreamRaceError naming both streams, with both stack traces."""
+    with pytest.raises(StreamRaceError) as info, npusim.sanitizer.enabled():
+        _stream_race(False)
+    text = str(info.value)
+    assert "npu:0 stream 0 (default) reads" in text and "aten::copy_ on npu:0 stream" in text
+    report = info.value.reports[0]
+    assert any("_stream_race" in frame.name for frame in report.stack)
+    assert any("_stream_race" in frame.name for frame in report.previous.stack)
+    assert report.previous.write and report.previous.op == "aten::copy_"
+
+
+def _event_ordered() -> Any:
+    side = torch.npu.Stream()
+    x = torch.empty(N, device="npu")
+    side.wait_stream(torch.npu.current_stream())
+    with torch.npu.stream(side):
+        x.fill_(1.0)
+        done = side.record_event()
+    torch.npu.current_stream().wait_event(done)
+    x.add_(1.0)
+    return x
+
+
+def test_event_wait_orders_streams():
+    """An event recorded on the writer and waited on by the reader is an ordering."""
+    assert kinds(_event_ordered) == []
+
+
+def _host_read(ordered: bool) -> Any:
+    side = torch.npu.Stream()
+    x = torch.empty(N, device="npu")
+    src = torch.randn(N, device="npu")
+    side.wait_stream(torch.npu.current_stream())
+    with torch.npu.stream(side):
+        x.copy_(src)
+    if ordered:
+        side.synchronize()
+    x[0].item()  # the host waits for the current stream only
+    return x, src
+
+
+def _pinned_read(ordered: bool) -> Any:
+    x = torch.randn(N, device="npu")
+    host = torch.empty(N, pin_memory=True)
+    host.copy_(x, non_blocking=True)  # the stream writes the pinned buffer later
+    if ordered:
+        torch.npu.current_stream().synchronize()
+    host.sum()
+    return x, host
+
+
+def test_host_access_reported_then_clean_with_synchronize():
+    """(2) The host reading device memory (item()) or a pinned buffer a stream is still writing."""
+    assert kinds(lambda: _host_read(False)) == [RaceKind.HOST]
+    assert kinds(lambda: _host_read(True)) == []
+    assert kinds(lambda: _pinned_read(False)) == [RaceKind.HOST]
+    assert kinds(lambda: _pinned_read(True)) == []
+
+
+def _pinned_reuse(ordered: bool) -> Any:
+    host = torch.randn(N).pin_memory()
+    x = torch.empty(N, device="npu")
+    x.copy_(host, non_blocking=True)  # the stream reads the pinned buffer later
+    if ordered:
+        event = torch.npu.Event()
+        event.record()
+        event.synchronize()
+    host.fill_(0.0)
+    return x, host
+
+
+def test_pinned_buffer_changed_while_copy_queued():
+    """(3) Overwriting a pinned source before its non-blocking copy ran; an event synchronize fixes it."""
+    assert kinds(lambda: _pinned_reuse(False)) == [RaceKind.PINNED]
+    assert kinds(lambda: _pinned_reuse(True)) == []
+
+
+def test_pageable_source_is_staged_not_reported():
+    """A pageable non-blocking source is staged at the call: changing it is no race."""
+    def fn() -> Any:
+        host = torch.randn(N)
+        x = torch.empty(N, device="npu")
+        x.copy_(host, non_blocking=True)
+        host.fill_(0.0)
+        return x
+
+    assert kinds(fn) == []
+
+
+def _free_in_use(fix: str) -> Any:
+    side = torch.npu.Stream()
+    x = torch.randn(N, device="npu")  # allocated on the default stream
+    y = torch.empty(N, device="npu")
+    side.wait_stream(torch.npu.current_stream())
+    with torch.npu.stream(side):
+        y.copy_(x)  # the side stream still reads x
+    if fix == "wait":
+        torch.npu.current_stream().wait_stream(side)
+    elif fix == "record_stream":
+        x.record_stream(side)
+    del x
+    z = torch.randn(N, device="npu")  # a new block on the default stream: the freed one, on a device
+    return y, z, side
+
+
+def _record_stream_supported() -> bool:
+    try:
+        torch.empty(1, device="npu").record_stream(torch.npu.current_stream())
+    except (NotImplementedError, RuntimeError):
+        return False
+    return True
+
+
+def test_free_while_in_use_reported_then_clean_with_wait():
+    """(4) Freeing a tensor another stream still uses, without record_stream, is reported."""
+    reported = kinds(lambda: _free_in_use("none"))
+    assert reported == [RaceKind.FREE]
+    assert kinds(lambda: _free_in_use("wait")) == []
+
+
+@pytest.mark.skipif(not hasattr(torch.Tensor, "record_stream") or not _record_stream_supported(),
+                    reason="Tensor.record_stream is not implemented for the npu in this build")
+def test_free_with_record_stream_is_clean():
+    """(4) record_stream(side) before the free makes it safe."""
+    assert kinds(lambda: _free_in_use("record_stream")) == []
+
+
+def test_foreach_copy_fast_route_is_a_stream_operation():
+    """A same-device _foreach_copy_ (aligned fast route) writes on the current stream: reading the
+    destinations from another stream without a wait is reported; with one it is clean."""
+    def fn(ordered: bool) -> Any:
+        src = [torch.randn(64, device="npu") for _ in range(3)]
+        dst = [torch.empty(64, device="npu") for _ in range(3)]
+        torch._foreach_copy_(dst, src)
+        side = torch.npu.Stream()
+        if ordered:
+            side.wait_stream(torch.npu.current_stream())
+        with torch.npu.stream(side):
+            total = dst[1].sum()
+        torch.npu.current_stream().wait_stream(side)
+        return src, dst, total
+
+    assert kinds(lambda: fn(False)) == [RaceKind.STREAM]
+    assert kinds(lambda: fn(True)) == []
+
+
+def test_off_by_default_and_no_observers():
+    """Without NPUSIM_SANITIZER the sanitizer is off and reports nothing."""
+    assert not npusim.sanitizer.is_enabled()
+    _stream_race(False)  # would be reported if it were on
+    assert npusim.sanitizer.current() is None
+
+
+# ---- the threaded process group's all-gather ---------------------------------
+
+def _threaded_all_gather(ordered: bool) -> list[RaceKind]:
+    """Two host threads (sub-ranks) each copy their shard into an all-gather input on their own
+    copy-in stream and issue the all-gather on their own all-gather stream, which waits for the copy-in
+    (FSDP2's pattern); the last to arrive copies every sub-rank's input into every output on its own
+    current stream, as multi_threaded_pg's AllGather.work does."""
+    world = 2
+    inputs: list[torch.Tensor] = [torch.empty(0)] * world
+    outputs: list[list[torch.Tensor]] = [[] for _ in range(world)]
+    events: list[torch.Event] = [torch.npu.Event()] * world
+    barrier = threading.Barrier(world)
+    errors: list[BaseException] = []
+
+    with npusim.sanitizer.enabled(on_race="record") as san:
+        def rank(r: int) -> None:
+            try:
+                with san.thread():
+                    shard = torch.full((N,), float(r), device="npu")
+                    outputs[r] = [torch.empty(N, device="npu") for _ in range(world)]
+                    copy_in, all_gather = torch.npu.Stream(), torch.npu.Stream()
+                    copy_in.wait_stream(torch.npu.current_stream())
+                    with torch.npu.stream(copy_in):
+                        inputs[r] = torch.empty(N, device="npu")
+                        inputs[r].copy_(shard)
+                    all_gather.wait_stream(copy_in)
+                    all_gather.wait_stream(torch.npu.current_stream())
+                    with torch.npu.stream(all_gather):
+                        events[r] = all_gather.record_event()
+                        if barrier.wait() == 0:  # one thread does the collective's work for all
+                            if ordered:  # what a real backend does: wait for every rank's stream
+                                for e in events:
+                                    all_gather.wait_event(e)
+                            for src in range(world):
+                                for dest in range(world):
+                                    outputs[dest][src].copy_(inputs[src])
+                        barrier.wait()
+                    torch.npu.synchronize()
+            except BaseException as exc:  # noqa: BLE001  (re-raised in the test thread)
+                errors.append(exc)
+
+        threads = [threading.Thread(target=rank, args=(r,)) for r in range(world)]
+        for t in threads:
+            t.start()
+        for t in threads:
+            t.join(timeout=30)
+    assert not errors, errors
+    torch.npu.synchronize()
+    for r in range(world):
+        for src in range(world):
+            assert torch.equal(outputs[r][src].cpu(), torch.full((N,), float(src)))
+    return [r.kind for r in san.reports]
+
+
+def test_threaded_process_group_all_gather_pattern_is_reported():
+    """The collective's copies on one sub-rank's stream read the other sub-rank's copy-in unordered."""
+    reported = _threaded_all_gather(ordered=False)
+    assert RaceKind.STREAM in reported
+    assert _threaded_all_gather(ordered=True) == []
+
+
+# ---- FSDP2 under the sanitizer -------------------------------------------------
+
+def _fsdp_job(rank: int, world: int) -> dict[str, int]:
+    import torch.nn.functional as F  # noqa: N812
+
+    import npusim.sanitizer
+    from npusim.testing.fsdp_harness import Setup, shard
+    from npusim.testing.models import TinyTransformer
+
+    san = npusim.sanitizer.current()
+    assert san is not None, "NPUSIM_SANITIZER=1 did not enable the sanitizer"
+    out = {}
+    for name, setup in (("upstream", Setup()), ("enhanced", Setup(mem_cache=True, recompute_rule=True))):
+        torch.manual_seed(0)
+        model = TinyTransformer(vocab=32, dim=16, heads=2, seq=8, n_blocks=2).to(f"npu:{rank}")
+        shard(model, setup, None)
+        opt = torch.optim.SGD(model.parameters(), lr=0.1)
+        gen = torch.Generator().manual_seed(rank)
+        before = san.ops
+        for _ in range(2):
+            idx = torch.randint(0, 32, (2, 9), generator=gen).to(f"npu:{rank}")
+            loss = F.cross_entropy(model(idx[:, :-1]).flatten(0, 1), idx[:, 1:].flatten())
+            loss.backward()
+            opt.step()
+            opt.zero_grad()
+        torch.npu.synchronize()
+        out[name] = san.ops - before
+    out["reports"] = len(san.reports)
+    return out
+
+
+def test_fsdp2_runs_clean_under_sanitizer():
+    """PyTorch's FSDP2, then the enhancement layer (mem_cache + recompute_rule), on 2 ranks with
+    NPUSIM_SANITIZER=1: no race reported (on_race raises), and the sanitizer saw every step's ops."""
+    results = run_ranks(_fsdp_job, env={"NPUSIM_SANITIZER": "1"}, timeout=150, pg_timeout=90,
+                        name="fsdp2 under sanitizer")
+    for r in results:
+        assert r["reports"] == 0
+        assert r["upstream"] > 200 and r["enhanced"] > 200
