@@ -90,11 +90,17 @@ def train_fsdp() -> dict:
     return {"rank": rank, "world": world, "losses": losses, "param_sums": full}
 
 
+def _emit(result: dict) -> None:
+    # One write of one line: the ranks share the test's stdout pipe, and a line
+    # written in pieces could interleave with another rank's.
+    os.write(1, (json.dumps(result) + "\n").encode())
+
+
 if __name__ == "__main__":
     parser = argparse.ArgumentParser()
     parser.add_argument("--checkpoint", default="ckpt.pt")
     args = parser.parse_args()
     if int(os.environ.get("WORLD_SIZE", "1")) > 1:
-        print(json.dumps(train_fsdp()))
+        _emit(train_fsdp())
     else:
-        print(json.dumps(train_single(args.checkpoint)))
+        _emit(train_single(args.checkpoint))

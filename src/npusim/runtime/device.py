@@ -47,7 +47,7 @@ def _check_index(index: int, op: str) -> int:
     return index
 
 
-def _get_device_index(device: _device_t, optional: bool = True) -> int:
+def _get_device_index(device: _device_t, optional: bool = True, check_range: bool = True) -> int:
     """Resolves ``device`` to an npu index; None means the current device.
 
     An index outside ``0 <= index < device_count()`` raises (as CUDA's
@@ -67,7 +67,7 @@ def _get_device_index(device: _device_t, optional: bool = True) -> int:
         device = device.index
     if not isinstance(device, int):
         raise TypeError(f"Expected a torch.device, str or int for an npu device, got {type(device).__name__}")
-    if device != -1 and not 0 <= device < acl.device_count():
+    if check_range and device != -1 and not 0 <= device < acl.device_count():
         raise RuntimeError(f"Invalid npu device index {device}: expected 0 <= index < device_count() = "
                            f"{acl.device_count()}")
     return device
@@ -122,7 +122,7 @@ def get_device_properties(device: _device_t = None) -> _NPUDeviceProperties:
     """The SoC the profile models; ``total_memory`` is the device's capacity (the HBM size by default)."""
     from npusim.runtime.profiles import get_profile
 
-    index = _check_index(_get_device_index(device), "get_device_properties")
+    index = _check_index(_get_device_index(device, check_range=False), "get_device_properties")
     profile = get_profile()
     capacity = acl.memory_capacity(index)
     return _NPUDeviceProperties(profile.soc_name, capacity if capacity >= 0 else profile.total_memory,
@@ -137,7 +137,7 @@ def get_device_name(device: _device_t = None) -> str:
 def get_device_capability(device: _device_t = None) -> tuple[int, int] | None:
     """torch_npu's contract, not CUDA's: ``(major, minor)`` from ``TORCH_NPU_DEVICE_CAPABILITY``
     ("8.0"), else None with a warning (an NPU has no CUDA compute capability)."""
-    _check_index(_get_device_index(device), "get_device_capability")
+    _check_index(_get_device_index(device, check_range=False), "get_device_capability")
     text = config.raw("TORCH_NPU_DEVICE_CAPABILITY")
     if not text:
         warnings.warn("torch.npu.get_device_capability: set TORCH_NPU_DEVICE_CAPABILITY (e.g. '8.0') to report "
@@ -151,15 +151,15 @@ def get_device_capability(device: _device_t = None) -> tuple[int, int] | None:
 
 def can_device_access_peer(device: _device_t, peer_device: _device_t) -> bool:
     """Every simulated device can copy to every other (their memory is host memory)."""
-    _check_index(_get_device_index(device), "can_device_access_peer")
-    _check_index(_get_device_index(peer_device), "can_device_access_peer")
+    _check_index(_get_device_index(device, check_range=False), "can_device_access_peer")
+    _check_index(_get_device_index(peer_device, check_range=False), "can_device_access_peer")
     return True
 
 
 def utilization(device: _device_t = None) -> int:
     """Percent of the device's streams that have unfinished work right now (torch_npu: the
     device's utilization rate)."""
-    index = _check_index(_get_device_index(device), "utilization")
+    index = _check_index(_get_device_index(device, check_range=False), "utilization")
     busy = acl.busy_streams(index)
     return round(100 * busy[0] / busy[1]) if busy[1] else 0
 
