@@ -12,6 +12,7 @@ COMMANDS: dict[str, tuple[str, str]] = {
     "demo": ("npusim.tools.demo", "train a small model on the simulated npu"),
     "bench": ("npusim.tools.bench", "run a benchmark (prints a table, writes a plot)"),
     "audit": ("npusim.distributed.audit", "list FSDP2 functions and kernels replaced in this process"),
+    "conformance": ("npusim.tools.conformance", "run PyTorch's OpInfo ops on npu and on CPU and compare"),
 }
 
 
