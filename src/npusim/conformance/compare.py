@@ -13,7 +13,7 @@ from dataclasses import asdict, dataclass
 from typing import Any
 
 import torch
-from torch.utils._pytree import tree_flatten
+from torch.utils._pytree import tree_flatten, tree_unflatten
 
 import npusim._device  # noqa: F401  (registers the npu device)
 
@@ -44,9 +44,19 @@ __all__ = ["SampleResult", "dtype_from_name", "load_op_db", "ops_by_name", "run_
 #   devices are compared (seeded equality needs the Philox generator: see the
 #   random numbers issue). Such samples pass with detail "random".
 
+# Note [Sample placement]
+# A sample function may keep some tensors on CPU whatever the device (the
+# sections of tensor_split, which CUDA requires on CPU too) and may name the
+# device in its arguments (`to(device)`, factories' `device=`). So each sample
+# is generated twice with the same seed: on CPU for its values and on npu for
+# its placement. A tensor whose npu twin is on CPU stays on CPU; a device
+# argument is taken from the twin. Where the twin cannot be generated or its
+# structure differs, every tensor goes to npu and `device="cpu"` becomes npu.
+
 NPU = torch.device("npu", 0)
 _MAX_DETAIL = 300
 _COTANGENT_SEED = 1234
+_RANDOM = "random: sizes/dtypes/devices only"
 
 
 @dataclass
@@ -146,27 +156,45 @@ class _Cloner:
         return self._tensors[key]
 
 
-def _map(value: Any, fn: Callable[[torch.Tensor], torch.Tensor], device: torch.device | None, key: str = "") -> Any:
-    if isinstance(value, torch.Tensor):
-        return fn(value)
-    if isinstance(value, list):
-        return [_map(v, fn, device) for v in value]
-    if isinstance(value, tuple) and not hasattr(value, "_fields"):
-        return tuple(_map(v, fn, device) for v in value)
-    if isinstance(value, dict):
-        return {k: _map(v, fn, device, k) for k, v in value.items()}
-    if device is not None and key == "device" and value is not None and torch.device(value).type == "cpu":
-        return device  # factory samples name their device
-    return value
+def _is_device_like(value: Any) -> bool:
+    return isinstance(value, torch.device) or (isinstance(value, str) and value.split(":")[0] in ("npu", "cpu"))
 
 
-def _map_sample(sample: Any, fn: Callable[[torch.Tensor], torch.Tensor], device: torch.device | None) -> Any:
+def _place_sample(sample: Any, twin: Any | None, move: Callable[[torch.Tensor], torch.Tensor]) -> Any:
+    """The npu copy of the CPU ``sample``: see Note [Sample placement]."""
     from torch.testing._internal.opinfo.core import SampleInput
 
-    return SampleInput(
-        _map(sample.input, fn, device), args=_map(sample.args, fn, device), kwargs=_map(sample.kwargs, fn, device),
-        output_process_fn_grad=sample.output_process_fn_grad, broadcasts_input=sample.broadcasts_input,
-        name=sample.name)
+    leaves, spec = tree_flatten((sample.input, sample.args, sample.kwargs))
+    twin_leaves: list[Any] | None = None
+    if twin is not None:
+        t_leaves, t_spec = tree_flatten((twin.input, twin.args, twin.kwargs))
+        if t_spec == spec:
+            twin_leaves = t_leaves
+    placed = []
+    for i, value in enumerate(leaves):
+        other = twin_leaves[i] if twin_leaves is not None else None
+        if isinstance(value, torch.Tensor):
+            on_cpu = isinstance(other, torch.Tensor) and other.device.type == "cpu"
+            placed.append(value if on_cpu else move(value))
+        elif twin_leaves is not None and _is_device_like(other):
+            placed.append(other)
+        elif twin_leaves is None and _is_device_like(value) and torch.device(value).type == "cpu":
+            placed.append(NPU)
+        else:
+            placed.append(value)
+    inp, args, kwargs = tree_unflatten(placed, spec)
+    return SampleInput(inp, args=tuple(args), kwargs=dict(kwargs), output_process_fn_grad=sample.output_process_fn_grad,
+                       broadcasts_input=sample.broadcasts_input, name=sample.name)
+
+
+def _clone_sample(sample: Any) -> Any:
+    from torch.testing._internal.opinfo.core import SampleInput
+
+    clone = _Cloner()
+    leaves, spec = tree_flatten((sample.input, sample.args, sample.kwargs))
+    inp, args, kwargs = tree_unflatten([clone(v) if isinstance(v, torch.Tensor) else v for v in leaves], spec)
+    return SampleInput(inp, args=tuple(args), kwargs=dict(kwargs), output_process_fn_grad=sample.output_process_fn_grad,
+                       broadcasts_input=sample.broadcasts_input, name=sample.name)
 
 
 def _sample_tensors(sample: Any) -> list[torch.Tensor]:
@@ -190,7 +218,7 @@ def _to_cpu(t: torch.Tensor) -> torch.Tensor:
     return t.cpu()
 
 
-def _compare(npu_value: Any, cpu_value: Any, what: str, *, values: bool = True) -> str | None:
+def _compare(npu_value: Any, cpu_value: Any, what: str, *, values: bool = True, devices: bool = True) -> str | None:
     """None when equal under assert_close's rules, else the first difference."""
     npu_leaves, npu_spec = tree_flatten(npu_value)
     cpu_leaves, cpu_spec = tree_flatten(cpu_value)
@@ -201,7 +229,7 @@ def _compare(npu_value: Any, cpu_value: Any, what: str, *, values: bool = True) 
         if isinstance(c, torch.Tensor):
             if not isinstance(n, torch.Tensor):
                 return f"{where}: npu gave {type(n).__name__}, cpu a tensor"
-            if c.device.type == "cpu" and n.device.type != "npu":
+            if devices and c.device.type == "cpu" and n.device.type != "npu":
                 return f"{where}: result on {n.device}, expected npu"
             n_cpu = _to_cpu(n)
             if not values:
@@ -240,15 +268,16 @@ def _cotangents(cpu_outputs: list[torch.Tensor]) -> list[torch.Tensor]:
 
 # ---- one sample ---------------------------------------------------------------
 
-def _check_sample(op: Any, sample: Any, dtype: torch.dtype, index: int, backward: bool) -> list[SampleResult]:
+def _check_sample(op: Any, sample: Any, twin: Any | None, dtype: torch.dtype, index: int,
+                  backward: bool) -> list[SampleResult]:
     name, dname = op.full_name, str(dtype).removeprefix("torch.")
 
     def result(phase: str, status: str, detail: str = "") -> SampleResult:
         return SampleResult(name, dname, index, phase, status, detail[:_MAX_DETAIL])
 
-    pristine = _map_sample(sample, _Cloner(), None)  # for a second CPU run (random probe)
+    pristine = _clone_sample(sample)  # for a second CPU run (random probe)
     try:
-        npu_sample = _map_sample(sample, _Mover(), NPU)
+        npu_sample = _place_sample(sample, twin, _Mover())
     except Exception as exc:  # noqa: BLE001  (the op's inputs cannot reach npu: the op errs on npu)
         return [result("forward", "error", "moving the sample to npu: " + _short(exc))]
     try:
@@ -275,8 +304,9 @@ def _check_sample(op: Any, sample: Any, dtype: torch.dtype, index: int, backward
         diff = None
     if diff is None:
         diff = _compare(_sample_tensors(npu_sample),
-                        _sample_tensors(sample), "input after the op", values=not random)
-    out = [result("forward", "fail" if diff else "pass", diff or ("random: sizes/dtypes/devices only" if random else ""))]
+                        _sample_tensors(sample), "input after the op", values=not random,
+                        devices=False)
+    out = [result("forward", "fail" if diff else "pass", diff or (_RANDOM if random else ""))]
 
     if not backward or diff:
         return out
@@ -304,12 +334,22 @@ def _check_sample(op: Any, sample: Any, dtype: torch.dtype, index: int, backward
         out.append(result("backward", "error", _short(exc)))
         return out
     gdiff = _compare(list(npu_grads), list(cpu_grads), "grad", values=not random)
-    out.append(result("backward", "fail" if gdiff else "pass", gdiff or ("random: sizes/dtypes/devices only" if random else "")))
+    out.append(result("backward", "fail" if gdiff else "pass", gdiff or (_RANDOM if random else "")))
     return out
 
 
-def _samples(op: Any, dtype: torch.dtype, requires_grad: bool) -> Iterator[Any]:
-    return iter(op.sample_inputs("cpu", dtype, requires_grad=requires_grad))
+def _samples(op: Any, dtype: torch.dtype, requires_grad: bool, device: str = "cpu") -> Iterator[Any]:
+    return iter(op.sample_inputs(device, dtype, requires_grad=requires_grad))
+
+
+def _twins(op: Any, dtype: torch.dtype, requires_grad: bool) -> Iterator[Any | None]:
+    """The same samples generated for npu (for their placement only); None where that fails."""
+    try:
+        yield from _samples(op, dtype, requires_grad, "npu")
+    except Exception:  # noqa: BLE001  (placement then falls back to "every tensor on npu")
+        pass
+    while True:
+        yield None
 
 
 def wants_backward(op: Any, dtype: torch.dtype) -> bool:
@@ -330,13 +370,13 @@ def run_op(op: Any, dtype: torch.dtype, *, start: int = 0, max_samples: int | No
     """
     grad = backward and wants_backward(op, dtype)
     try:
-        samples = _samples(op, dtype, grad)
-        for index, sample in enumerate(itertools.islice(samples, max_samples)):
+        samples = zip(_samples(op, dtype, grad), _twins(op, dtype, grad), strict=False)
+        for index, (sample, twin) in enumerate(itertools.islice(samples, max_samples)):
             if index < start:
                 continue
             if on_sample is not None:
                 on_sample(index)
-            yield from _check_sample(op, sample, dtype, index, grad)
+            yield from _check_sample(op, sample, twin, dtype, index, grad)
     except Exception as exc:  # noqa: BLE001  (a sample generator that fails on CPU)
         yield SampleResult(op.full_name, str(dtype).removeprefix("torch."), -1, "forward", "skip",
                            "sample generation raised: " + _short(exc))
