@@ -19,7 +19,7 @@ import torch
 
 CSRC = Path(__file__).parent / "csrc"
 CORE_SOURCES = ("runtime.cpp", "memory.cpp", "device_hooks.cpp", "tensor_alias.cpp", "aten_ops.cpp", "fallback.cpp",
-                "primitives.cpp", "autocast.cpp", "module.cpp")
+                "primitives.cpp", "autocast.cpp", "zero_tensor.cpp", "module.cpp")
 
 
 class BuildError(RuntimeError):

@@ -25,7 +25,7 @@ import torch
 
 from npusim.conformance.compare import SampleResult, load_op_db
 
-__all__ = ["Task", "plan", "run_sweep"]
+__all__ = ["WORKER_ARGV", "Task", "plan", "results_json", "run_sweep"]
 
 # A task that crashes this many times is not resumed again.
 _MAX_CRASHES_PER_TASK = 4
@@ -96,11 +96,14 @@ class _Worker:
     results: list[SampleResult] = field(default_factory=list)
 
 
-def _start_worker(selector: selectors.BaseSelector) -> _Worker:
+WORKER_ARGV = (sys.executable, "-m", "npusim.conformance.worker")
+
+
+def _start_worker(selector: selectors.BaseSelector, argv: tuple[str, ...]) -> _Worker:
     read_fd, write_fd = os.pipe()
     env = dict(os.environ, OMP_NUM_THREADS="1")
     proc = subprocess.Popen(
-        [sys.executable, "-m", "npusim.conformance.worker", "--fd", str(write_fd)],
+        [*argv, "--fd", str(write_fd)],
         stdin=subprocess.PIPE, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
         pass_fds=(write_fd,), env=env)
     os.close(write_fd)
@@ -122,16 +125,18 @@ def _stop_worker(selector: selectors.BaseSelector, worker: _Worker) -> int | Non
 
 
 def run_sweep(tasks: list[Task], *, jobs: int = 2, sample_timeout_s: float = 120.0,
-              progress: Callable[[Task, list[SampleResult], int, int], None] | None = None) -> list[SampleResult]:
+              progress: Callable[[Task, list[SampleResult], int, int], None] | None = None,
+              worker_argv: tuple[str, ...] = WORKER_ARGV) -> list[SampleResult]:
     """Runs ``tasks`` on ``jobs`` workers; returns every sample phase's result (crashes included).
 
-    ``progress(task, results, done, total)`` is called as each task finishes.
+    ``progress(task, results, done, total)`` is called as each task finishes;
+    ``worker_argv`` starts a worker (``--fd N`` is appended).
     """
     pending = deque(tasks)
     total, done = len(tasks), 0
     out: list[SampleResult] = []
     selector = selectors.DefaultSelector()
-    workers = [_start_worker(selector) for _ in range(max(1, min(jobs, len(tasks))))]
+    workers = [_start_worker(selector, worker_argv) for _ in range(max(1, min(jobs, len(tasks))))]
 
     def give(worker: _Worker) -> None:
         worker.task, worker.sample, worker.results = pending.popleft(), -1, []
@@ -166,7 +171,7 @@ def run_sweep(tasks: list[Task], *, jobs: int = 2, sample_timeout_s: float = 120
         elif not worker.ready:
             raise RuntimeError(f"conformance: a sweep worker failed to start ({why}, exit code {code})")
         if pending or any(w.task for w in workers):
-            workers.append(_start_worker(selector))
+            workers.append(_start_worker(selector, worker_argv))
 
     try:
         while pending or any(w.task is not None for w in workers):
