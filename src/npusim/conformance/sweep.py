@@ -1,7 +1,7 @@
 """The crash-safe sweep: OpInfo ops run in a pool of worker subprocesses.
 
 Why subprocesses: an op that segfaults or hangs on npu must be recorded, not
-take the sweep down. Each worker (:mod:`npusim.conformance.worker`) runs one
+take the sweep down. Each worker (forked by the zygote of :mod:`npusim.conformance.worker`) runs one
 (op, dtype) task at a time and reports before each sample; when a worker dies
 or a sample runs past ``sample_timeout_s``, that sample is recorded as
 ``crash``, the worker is replaced and the task resumes after the sample.
@@ -13,6 +13,8 @@ import fnmatch
 import json
 import os
 import selectors
+import signal
+import socket
 import subprocess
 import sys
 import time
@@ -86,10 +88,10 @@ def plan(patterns: list[str] | None = None, dtypes: str | list[str] = "first", s
 
 @dataclass
 class _Worker:
-    proc: subprocess.Popen
-    fd: int
+    fd: int  # events from the worker
+    tasks: Any  # binary file: tasks to the worker
+    pid: int = 0  # known once it is ready
     buffer: bytes = b""
-    ready: bool = False
     task: Task | None = None
     sample: int = -1
     deadline: float = 0.0
@@ -99,29 +101,57 @@ class _Worker:
 WORKER_ARGV = (sys.executable, "-m", "npusim.conformance.worker")
 
 
-def _start_worker(selector: selectors.BaseSelector, argv: tuple[str, ...]) -> _Worker:
-    read_fd, write_fd = os.pipe()
-    env = dict(os.environ, OMP_NUM_THREADS="1")
-    proc = subprocess.Popen(
-        [*argv, "--fd", str(write_fd)],
-        stdin=subprocess.PIPE, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
-        pass_fds=(write_fd,), env=env)
-    os.close(write_fd)
-    worker = _Worker(proc, read_fd, deadline=time.monotonic() + _STARTUP_TIMEOUT_S)
-    selector.register(read_fd, selectors.EVENT_READ, worker)
-    return worker
+class _Zygote:
+    """The process that forks the workers (see npusim.conformance.worker)."""
+
+    def __init__(self, argv: tuple[str, ...]) -> None:
+        self.sock, child = socket.socketpair()
+        env = dict(os.environ, OMP_NUM_THREADS="1")
+        self.proc = subprocess.Popen([*argv, "--socket", str(child.fileno())], pass_fds=(child.fileno(),),
+                                     stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL,
+                                     stderr=subprocess.DEVNULL, env=env)
+        child.close()
+        self.sock.settimeout(_STARTUP_TIMEOUT_S)
+        try:
+            ready = self.sock.recv(1)
+        except TimeoutError:
+            ready = b""
+        if ready != b"r":
+            self.close()
+            raise RuntimeError(f"conformance: the sweep's worker zygote did not start ({argv})")
+        self.sock.settimeout(None)
+
+    def fork(self, selector: selectors.BaseSelector) -> _Worker:
+        tasks_r, tasks_w = os.pipe()
+        events_r, events_w = os.pipe()
+        socket.send_fds(self.sock, [b"f"], [tasks_r, events_w])
+        os.close(tasks_r)
+        os.close(events_w)
+        worker = _Worker(events_r, os.fdopen(tasks_w, "wb"), deadline=time.monotonic() + _STARTUP_TIMEOUT_S)
+        selector.register(events_r, selectors.EVENT_READ, worker)
+        return worker
+
+    def close(self) -> None:
+        self.sock.close()
+        try:
+            self.proc.wait(timeout=10)
+        except subprocess.TimeoutExpired:
+            self.proc.kill()
+            self.proc.wait()
 
 
-def _stop_worker(selector: selectors.BaseSelector, worker: _Worker) -> int | None:
+def _stop_worker(selector: selectors.BaseSelector, worker: _Worker) -> None:
     selector.unregister(worker.fd)
     os.close(worker.fd)
-    if worker.proc.poll() is None:
-        worker.proc.kill()
     try:
-        return worker.proc.wait(timeout=30)
-    finally:
-        if worker.proc.stdin:
-            worker.proc.stdin.close()
+        worker.tasks.close()
+    except OSError:
+        pass  # the worker is gone: nothing to flush to
+    if worker.pid:
+        try:
+            os.kill(worker.pid, signal.SIGKILL)
+        except ProcessLookupError:
+            pass
 
 
 def run_sweep(tasks: list[Task], *, jobs: int = 2, sample_timeout_s: float = 120.0,
@@ -130,20 +160,20 @@ def run_sweep(tasks: list[Task], *, jobs: int = 2, sample_timeout_s: float = 120
     """Runs ``tasks`` on ``jobs`` workers; returns every sample phase's result (crashes included).
 
     ``progress(task, results, done, total)`` is called as each task finishes;
-    ``worker_argv`` starts a worker (``--fd N`` is appended).
+    ``worker_argv`` starts the zygote (``--socket FD`` is appended).
     """
     pending = deque(tasks)
     total, done = len(tasks), 0
     out: list[SampleResult] = []
     selector = selectors.DefaultSelector()
-    workers = [_start_worker(selector, worker_argv) for _ in range(max(1, min(jobs, len(tasks))))]
+    zygote = _Zygote(worker_argv)
+    workers = [zygote.fork(selector) for _ in range(max(1, min(jobs, len(tasks))))]
 
     def give(worker: _Worker) -> None:
         worker.task, worker.sample, worker.results = pending.popleft(), -1, []
         worker.deadline = time.monotonic() + sample_timeout_s
-        assert worker.proc.stdin is not None
-        worker.proc.stdin.write(worker.task.message().encode())
-        worker.proc.stdin.flush()
+        worker.tasks.write(worker.task.message().encode())
+        worker.tasks.flush()
 
     def finish(worker: _Worker) -> None:
         nonlocal done
@@ -156,27 +186,28 @@ def run_sweep(tasks: list[Task], *, jobs: int = 2, sample_timeout_s: float = 120
 
     def crashed(worker: _Worker, why: str) -> None:
         task = worker.task
-        code = _stop_worker(selector, worker)
+        _stop_worker(selector, worker)
         workers.remove(worker)
         if task is not None:
-            detail = f"{why} (exit code {code}) during sample {worker.sample}"
-            worker.results.append(SampleResult(task.op, task.dtype, worker.sample, "forward", "crash", detail))
+            worker.results.append(
+                SampleResult(task.op, task.dtype, worker.sample, "forward", "crash",
+                             f"{why} during sample {worker.sample}"))
             if worker.sample >= 0 and task.crashes + 1 < _MAX_CRASHES_PER_TASK:
                 # resume after the sample that crashed, before anything else
-                rest = Task(task.op, task.dtype, task.samples, task.backward, worker.sample + 1, task.crashes + 1)
                 out.extend(worker.results)
-                pending.appendleft(rest)
+                pending.appendleft(Task(task.op, task.dtype, task.samples, task.backward, worker.sample + 1,
+                                        task.crashes + 1))
             else:
                 finish(worker)
-        elif not worker.ready:
-            raise RuntimeError(f"conformance: a sweep worker failed to start ({why}, exit code {code})")
+        elif not worker.pid:
+            raise RuntimeError(f"conformance: a sweep worker failed to start ({why})")
         if pending or any(w.task for w in workers):
-            workers.append(_start_worker(selector, worker_argv))
+            workers.append(zygote.fork(selector))
 
     try:
         while pending or any(w.task is not None for w in workers):
             for worker in workers:
-                if worker.ready and worker.task is None and pending:
+                if worker.pid and worker.task is None and pending:
                     give(worker)
             for key, _ in selector.select(timeout=0.5):
                 worker = key.data
@@ -190,7 +221,7 @@ def run_sweep(tasks: list[Task], *, jobs: int = 2, sample_timeout_s: float = 120
                     event = json.loads(line)
                     kind = event.pop("event")
                     if kind == "ready":
-                        worker.ready = True
+                        worker.pid = event["pid"]
                     elif kind == "sample":
                         worker.sample = event["index"]
                         worker.deadline = time.monotonic() + sample_timeout_s
@@ -200,14 +231,13 @@ def run_sweep(tasks: list[Task], *, jobs: int = 2, sample_timeout_s: float = 120
                         finish(worker)
             now = time.monotonic()
             for worker in list(workers):
-                if (worker.task is not None or not worker.ready) and now > worker.deadline:
+                if (worker.task is not None or not worker.pid) and now > worker.deadline:
                     crashed(worker, f"timed out after {sample_timeout_s:.0f} s")
     finally:
         for worker in list(workers):
-            if worker.proc.stdin:
-                worker.proc.stdin.close()
             _stop_worker(selector, worker)
         selector.close()
+        zygote.close()
     return out
 
 
