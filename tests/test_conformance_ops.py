@@ -19,7 +19,7 @@ import pytest
 import torch
 
 from npusim.conformance import compare, judge, sweep
-from npusim.conformance.expected_failures import EXPECTED_FAILURES
+from npusim.conformance.expected_failures import EXPECTED_FAILURES, XFail
 
 SAMPLES = 2
 JOBS = int(os.environ.get("NPUSIM_CONFORMANCE_JOBS", "2"))
@@ -66,7 +66,8 @@ def test_every_expected_failure_names_an_op_and_a_reason() -> None:
     """Each expected-failures entry names an OpInfo op and gives a reason."""
     unknown = sorted(set(EXPECTED_FAILURES) - set(OP_NAMES))
     assert not unknown, f"entries for ops not in op_db: {unknown}"
-    assert all(entry.reason.strip() for entry in EXPECTED_FAILURES.values())
+    entries = [e for v in EXPECTED_FAILURES.values() for e in ((v,) if isinstance(v, XFail) else v)]
+    assert entries and all(entry.reason.strip() for entry in entries)
 
 
 def test_sweep_records_a_crash_and_goes_on() -> None:
@@ -80,8 +81,6 @@ def test_sweep_records_a_crash_and_goes_on() -> None:
 
 def test_judge_turns_covered_failures_into_xfail_and_stale_entries_into_xpass(monkeypatch) -> None:
     """A covered failure is xfail; a covered op whose samples all pass is xpass, which is bad."""
-    from npusim.conformance.expected_failures import XFail
-
     monkeypatch.setitem(EXPECTED_FAILURES, "abs", XFail("test entry"))
     fail = compare.SampleResult("abs", "float32", 0, "forward", "error", "boom")
     ok = compare.SampleResult("abs", "float32", 0, "forward", "pass")
@@ -109,3 +108,18 @@ def test_compare_catches_a_wrong_result_and_an_input_mutation(monkeypatch) -> No
     monkeypatch.setattr(op, "op", mutating)
     first = next(compare.run_op(op, torch.float32, max_samples=1))
     assert first.status == "fail" and "input after the op" in first.detail
+
+
+def test_zero_gradient_reads_as_zeros_on_npu() -> None:
+    """sgn's gradient on real input (an _efficientzerotensor) is a zero npu tensor, not a null pointer."""
+    x = torch.randn(4, 5, device="npu", requires_grad=True)
+    (grad,) = torch.autograd.grad(torch.sgn(x), x, torch.ones(4, 5, device="npu"))
+    assert grad.device.type == "npu" and grad._is_zerotensor()
+    assert torch.equal(grad.cpu(), torch.zeros(4, 5))
+    assert torch.equal((grad + 1).cpu(), torch.ones(4, 5))
+
+
+def test_sparse_result_raises_an_error_naming_the_layout() -> None:
+    """An op whose CPU kernel returns a sparse tensor fails on npu with an error naming the op and layout."""
+    with pytest.raises(RuntimeError, match=r"aten::_to_sparse.*only the strided layout.*Sparse"):
+        torch.randn(3, 3, device="npu").to_sparse()

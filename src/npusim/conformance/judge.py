@@ -61,10 +61,11 @@ class Summary(NamedTuple):
 
 
 def _entry(op: str, dtype: str, phase: str, index: int) -> XFail | None:
-    entry = EXPECTED_FAILURES.get(op)
-    if entry is None or not entry.covers(dtype, phase, index):
-        return None
-    return entry
+    entries = EXPECTED_FAILURES.get(op, ())
+    for entry in (entries,) if isinstance(entries, XFail) else entries:
+        if entry.covers(dtype, phase, index):
+            return entry
+    return None
 
 
 def judge(results: Iterable[SampleResult], ops: Iterable[str] = ()) -> Summary:
@@ -74,11 +75,11 @@ def judge(results: Iterable[SampleResult], ops: Iterable[str] = ()) -> Summary:
     they count as skip.
     """
     judged: list[SampleResult] = []
-    covered: dict[tuple[str, str, str], list[str]] = defaultdict(list)
+    covered: dict[tuple[str, str, str, XFail], list[str]] = defaultdict(list)
     for r in results:
         entry = _entry(r.op, r.dtype, r.phase, r.index)
         if entry is not None and r.status != "skip":
-            covered[(r.op, r.dtype, r.phase)].append(r.status)
+            covered[(r.op, r.dtype, r.phase, entry)].append(r.status)
             if r.status in _FAILED:
                 r = SampleResult(r.op, r.dtype, r.index, r.phase, "xfail", f"{entry.reason} [{r.status}: {r.detail}]")
         judged.append(r)
@@ -87,8 +88,7 @@ def judge(results: Iterable[SampleResult], ops: Iterable[str] = ()) -> Summary:
     for r in judged:
         pair_statuses[(r.op, r.dtype)].append(r.status)
     xpass: list[str] = []
-    for (op, dtype, phase), statuses in covered.items():
-        entry = EXPECTED_FAILURES[op]
+    for (op, dtype, phase, entry), statuses in covered.items():
         stale = (not any(s in _FAILED for s in statuses)) if entry.samples is None else ("pass" in statuses)
         if stale:
             pair_statuses[(op, dtype)].append("xpass")
