@@ -91,16 +91,17 @@ def test_judge_turns_covered_failures_into_xfail_and_stale_entries_into_xpass(mo
 
 def test_compare_catches_a_wrong_result_and_an_input_mutation(monkeypatch) -> None:
     """The comparison fails an op whose npu result differs, and one that mutates an input only on npu."""
-    op = compare.ops_by_name()["abs"]
+    op = compare.ops_by_name()["add"]
 
-    def wrong(x: torch.Tensor) -> torch.Tensor:
-        return x.abs() + (1 if x.device.type == "npu" else 0)
+    def wrong(x: torch.Tensor, *args, **kwargs) -> torch.Tensor:
+        return torch.add(x, *args, **kwargs) + (1 if x.device.type == "npu" else 0)
 
-    def mutating(x: torch.Tensor) -> torch.Tensor:
+    def mutating(x: torch.Tensor, *args, **kwargs) -> torch.Tensor:
+        out = torch.add(x, *args, **kwargs)
         if x.device.type == "npu":
             with torch.no_grad():
                 x.add_(1)
-        return x.detach().abs()
+        return out
 
     monkeypatch.setattr(op, "op", wrong)
     first = next(compare.run_op(op, torch.float32, max_samples=1))
