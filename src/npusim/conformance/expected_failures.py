@@ -42,6 +42,8 @@ def _x(reason: str, dtypes: str | None = None, phase: str | None = None, samples
 CONV = "conv: convolution_overrideable has no npu kernel; being fixed in the crash-fix half"
 CONJ = ("conj: segfault in the conjugate-view copy recursion (clone -> copy_ -> _copy_from -> conjugate "
         "fallback), mostly in complex gradients; being fixed in the crash-fix half")
+CONJ_VALUES = ("conj: left=False solves through conjugate-transposed (.mH) views and the result differs from "
+               "CPU's on npu; recheck once the crash-fix half's conj/neg view fix lands")
 SPARSE = ("sparse: npu tensors are strided only; the op raises an error naming the layout "
           "(SparseCsrnpu has no kernels, sparse CPU results are refused by the fallback)")
 
@@ -91,6 +93,7 @@ EXPECTED_FAILURES: dict[str, XFail | tuple[XFail, ...]] = {
     'linalg.cholesky_ex': _x(CONJ, 'complex64'),
     'linalg.cross': _x(CONJ, 'complex64'),
     'linalg.det': _x(CONJ, 'complex64', samples='2'),
+    'linalg.lu_solve': _x(CONJ_VALUES, 'complex64', phase='forward', samples='1 3'),
     'linalg.eig': _x(CONJ, 'complex64 float32'),
     'linalg.eigh': _x(CONJ, 'complex64'),
     'linalg.eigvals': _x(CONJ, 'complex64 float32'),
