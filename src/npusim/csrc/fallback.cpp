@@ -167,6 +167,12 @@ class FallbackCall {
     if (!t.defined() || !t.is_cpu()) {
       return t;
     }
+    // npu tensors are strided only: a sparse (or other) result of the CPU
+    // kernel has no storage to move to the device. Say so instead of
+    // "Cannot access storage of SparseTensorImpl" (found by the OpInfo sweep).
+    TORCH_CHECK(t.layout() == c10::kStrided, op_.schema().operator_name(),
+        ": npu tensors support only the strided layout, but this op's result has layout ", t.layout(),
+        "; run sparse ops on cpu");
     for (auto& [device_tensor, cpu_tensor] : tensors_) {
       if (cpu_tensor.unsafeGetTensorImpl() == t.unsafeGetTensorImpl()) {
         return device_tensor;  // in-place and out= ops return their argument

@@ -15,6 +15,7 @@ COMMANDS: dict[str, tuple[str, str]] = {
     "run": ("npusim.tools.run", "run a torch_npu script unmodified (import torch_npu gives npusim)"),
     "fuzz": ("npusim.tools.fuzz", "copy_ / _foreach_copy_ on the npu against CPU, generated cases"),
     "timeline": ("npusim.tools.timeline", "one FSDP2 step per kernel mode as a stream timeline picture"),
+    "conformance": ("npusim.tools.conformance", "run PyTorch's OpInfo ops on npu and on CPU and compare"),
 }
 
 

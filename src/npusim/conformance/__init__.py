@@ -1,0 +1,10 @@
+"""Differential conformance of the npu against PyTorch's CPU, over PyTorch's OpInfo database.
+
+- :mod:`.compare`: one op, one dtype, in this process (Note [Differential conformance]);
+- :mod:`.worker` and :mod:`.sweep`: the crash-safe pool of subprocesses that runs many;
+- :mod:`.expected_failures`: the one list of ops expected to fail, each with its reason;
+- :mod:`.judge`: applies that list (xfail / xpass) and sums a sweep up.
+
+The CLI is ``python -m npusim conformance ops``; ``tests/test_conformance_ops.py``
+runs a sample-limited sweep of every op.
+"""

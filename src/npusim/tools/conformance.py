@@ -1,0 +1,67 @@
+"""``python -m npusim conformance ops``: the differential OpInfo sweep, npu against CPU.
+
+Prints a line per (op, dtype) as it finishes, then a table by status (ops,
+op-dtype pairs, forward and backward samples), the failures and stale
+expected-failure entries, and writes every sample's result as JSON. Exits 1
+when any op fails, errs, crashes or xpasses.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+import time
+from collections import Counter
+
+from npusim.conformance.compare import SampleResult
+from npusim.conformance.judge import BAD, judge
+from npusim.conformance.sweep import Task, plan, results_json, run_sweep
+
+
+def add_arguments(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument("what", choices=["ops"], help="what to check: ops = PyTorch's OpInfo database")
+    parser.add_argument("--ops", default=None,
+                        help="comma-separated fnmatch patterns of OpInfo full names (default: all ops)")
+    parser.add_argument("--dtypes", default="all",
+                        help="'all' (every dtype the op supports on CPU), 'first' (float32 or the first "
+                             "supported) or comma-separated dtype names (default: all)")
+    parser.add_argument("--samples", type=int, default=None, help="at most N samples per op and dtype (default: all)")
+    parser.add_argument("--jobs", type=int, default=2, help="worker processes (default: 2)")
+    parser.add_argument("--no-backward", action="store_true", help="compare forward results only")
+    parser.add_argument("--json", default="conformance-ops.json", help="where the results go (default: %(default)s)")
+    parser.add_argument("--quiet", action="store_true", help="no progress lines")
+
+
+def _progress(task: Task, results: list[SampleResult], done: int, total: int) -> None:
+    counts = Counter(r.status for r in results)
+    text = " ".join(f"{k}={v}" for k, v in sorted(counts.items()))
+    print(f"[{done:>5}/{total}] {task.op} {task.dtype}: {text}", flush=True)
+
+
+def run(args: argparse.Namespace) -> int:
+    patterns = args.ops.split(",") if args.ops else None
+    dtypes = args.dtypes if args.dtypes in ("all", "first") else args.dtypes.split(",")
+    tasks, no_dtype = plan(patterns, dtypes, args.samples, not args.no_backward)
+    if not tasks and not no_dtype:
+        print(f"conformance: no OpInfo op matches {args.ops!r}", file=sys.stderr)
+        return 2
+    started = time.monotonic()
+    results = run_sweep(tasks, jobs=args.jobs, progress=None if args.quiet else _progress)
+    elapsed = time.monotonic() - started
+    summary = judge(results, no_dtype)
+    print()
+    print(summary.table())
+    ran = sum(1 for s in summary.ops.values() if s != "skip")
+    print(f"\n{sum(1 for s in summary.ops.values() if s == 'pass')}/{ran} ops that run on CPU pass on npu "
+          f"({100 * summary.pass_rate():.1f}%); {len(tasks)} op-dtype tasks in {elapsed:.0f} s on {args.jobs} jobs")
+    bad = [r for r in summary.results if r.status in BAD]
+    for r in bad[:200]:
+        print(f"  {r.status:<6} {r.op} {r.dtype} sample {r.index} {r.phase}: {r.detail}")
+    for line in summary.xpass:
+        print(f"  xpass  {line}")
+    with open(args.json, "w") as f:
+        json.dump(results_json(summary.results, command=" ".join(sys.argv), elapsed_s=round(elapsed, 1),
+                               ops=summary.ops, xpass=summary.xpass), f, indent=0)
+    print(f"results: {args.json}")
+    return 1 if bad or summary.xpass else 0
