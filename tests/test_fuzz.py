@@ -45,7 +45,7 @@ def test_cases_are_reproducible_from_seed_and_index():
 @pytest.mark.parametrize("name", sorted(copy_fuzz.KNOWN_CRASHES))
 def test_known_crash_still_crashes(name):
     """Each known crash's reproducer still kills the process (remove it from the list once fixed)."""
-    _, script = copy_fuzz.KNOWN_CRASHES[name]
+    _, script, _ = copy_fuzz.KNOWN_CRASHES[name]
     result = subprocess.run([sys.executable, "-c", script], capture_output=True, timeout=300)
     assert result.returncode < 0 or result.returncode > 1, (
         f"{name} no longer crashes (rc {result.returncode}); remove it from KNOWN_CRASHES")
