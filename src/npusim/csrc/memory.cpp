@@ -339,7 +339,17 @@ void account_allocated_locked(DevicePool& p, Block* b, size_t requested, bool wa
     p.stats.oversize_allocations.increase(1);
   }
   trace_locked(p, "alloc", *b);
-  note_memory(b->ptr, static_cast<int64_t>(b->size), p.stats.allocated_bytes[0].current, reserved_of(p), b->device);
+}
+
+// Reports an allocation or free to torch.profiler and the sanitizer. Called
+// without the pool lock: the sanitizer's observer takes the GIL, and a thread
+// holding the GIL may be waiting for the pool lock (a deadlock seen in FSDP2).
+void report_memory(DevicePool& p, void* ptr, int64_t delta, c10::DeviceIndex device,
+    std::unique_lock<std::mutex>& lock) {
+  const int64_t allocated = p.stats.allocated_bytes[0].current;
+  const int64_t reserved = reserved_of(p);
+  lock.unlock();
+  note_memory(ptr, delta, allocated, reserved, device);
 }
 
 // A new segment joins the pool (lock held).
@@ -386,7 +396,7 @@ void free_block(void* ctx) {
   auto* b = static_cast<Block*>(ctx);
   auto fences = pending_stream_fences();
   DevicePool& p = g_pools[b->device];
-  std::lock_guard<std::mutex> lock(p.mutex);
+  std::unique_lock<std::mutex> lock(p.mutex);
   for (c10::StreamId id : b->recorded) {
     const NpuStream& s = stream_for(b->device, id);
     const uint64_t enqueued = s.enqueued();
@@ -399,13 +409,16 @@ void free_block(void* ctx) {
   update(p.stats.allocated_bytes, b->size, -static_cast<int64_t>(b->size));
   update(p.stats.requested_bytes, b->size, -static_cast<int64_t>(b->requested));
   trace_locked(p, "free_requested", *b);
-  note_memory(b->ptr, -static_cast<int64_t>(b->size), p.stats.allocated_bytes[0].current, reserved_of(p), b->device);
+  void* const ptr = b->ptr;  // b may be released below
+  const int64_t size = static_cast<int64_t>(b->size);
+  const c10::DeviceIndex device = b->device;
   if (fences.empty()) {
     finish_free_locked(p, b);
-    return;
+  } else {
+    p.pending.push_back(PendingFree{b, std::move(fences), stream_for(b->device, b->stream).completed_counter()});
+    g_pending_count.fetch_add(1);
   }
-  p.pending.push_back(PendingFree{b, std::move(fences), stream_for(b->device, b->stream).completed_counter()});
-  g_pending_count.fetch_add(1);
+  report_memory(p, ptr, -size, device, lock);
 }
 
 void* raw_alloc(size_t nbytes) {
@@ -518,6 +531,7 @@ c10::DataPtr allocate_device(c10::DeviceIndex device, size_t nbytes) {
     account_segment_locked(p, b);
   }
   account_allocated_locked(p, b, nbytes, was_active);
+  report_memory(p, b->ptr, static_cast<int64_t>(b->size), device, lock);
   return c10::DataPtr(b->ptr, b, &free_block, dev);
 }
 
@@ -535,6 +549,7 @@ c10::DataPtr adopt_as_device(c10::DataPtr&& cpu, size_t nbytes, c10::DeviceIndex
   b->adopted = std::move(cpu);
   account_segment_locked(p, b);
   account_allocated_locked(p, b, nbytes, false);
+  report_memory(p, ptr, static_cast<int64_t>(b->size), device, lock);
   return c10::DataPtr(ptr, b, &free_block, c10::Device(c10::DeviceType::PrivateUse1, device));
 }
 
