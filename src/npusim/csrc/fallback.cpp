@@ -37,16 +37,18 @@ namespace {
 // Note [Cost of the fallback]
 // Every npu op without its own kernel comes through here, so the per-op host
 // cost is the simulator's floor (issue 15). Measured with callgrind on
-// a.add(b) (64 floats), most of the fallback's own cost was allocation and
-// reference counting rather than work: hash maps and sets per call, copies of
-// the npu argument tensors (their TensorImpls are owned by Python objects, so
-// each extra reference costs a GIL round trip when dropped), a device switch
-// through the guard when the device was already current. Hence: the npu
-// arguments are moved off the stack into `originals_` (which keeps them alive
-// for the call) and referred to by raw pointer; ops have a handful of
-// tensors, so lookups are linear scans of small inline vectors; the guard only
-// switches when the op's device is not the current one. The rules themselves
-// (Note [Device rules of the fallback]) are unchanged.
+// a.add(b) (64 floats), much of the fallback's own cost was bookkeeping
+// rather than work: hash-map and hash-set nodes allocated and freed per call,
+// a growing vector, extra copies (atomic reference counts) of the npu
+// argument tensors and storages, a shared_ptr copy per argument in the
+// generator scan, and a device switch through the guard when the device was
+// already current. Hence: the npu arguments are moved off the stack into
+// `originals_` (which keeps them alive for the call) and referred to by raw
+// pointer; ops have a handful of tensors, so lookups are linear scans of
+// small inline vectors; the guard only switches when the op's device is not
+// the current one. The rules themselves (Note [Device rules of the
+// fallback]) are unchanged. What remains is mostly the CPU kernel itself and
+// one CPU storage and TensorImpl per tensor argument (cpu_alias_over).
 
 // Runs an op that has no npu kernel with PyTorch's CPU kernel on CPU views of
 // the device memory: after the current stream's earlier work, synchronously.
