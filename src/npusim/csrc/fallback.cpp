@@ -13,8 +13,9 @@
 #include <ATen/ATen.h>
 #include <torch/library.h>
 
-#include <unordered_map>
-#include <unordered_set>
+#include <c10/util/SmallVector.h>
+
+#include <algorithm>
 
 namespace npusim {
 namespace {
@@ -33,29 +34,57 @@ namespace {
 // wrong device is never written. A result over a caller's CPU tensor is
 // copied, never adopted: its memory belongs to the caller.
 
+// Note [Cost of the fallback]
+// Every npu op without its own kernel comes through here, so the per-op host
+// cost is the simulator's floor (issue 15). Measured with callgrind on
+// a.add(b) (64 floats), much of the fallback's own cost was bookkeeping
+// rather than work: hash-map and hash-set nodes allocated and freed per call,
+// a growing vector, extra copies (atomic reference counts) of the npu
+// argument tensors and storages, a shared_ptr copy per argument in the
+// generator scan, and a device switch through the guard when the device was
+// already current. Hence: the npu arguments are moved off the stack into
+// `originals_` (which keeps them alive for the call) and referred to by raw
+// pointer; ops have a handful of tensors, so lookups are linear scans of
+// small inline vectors; the guard only switches when the op's device is not
+// the current one. The rules themselves (Note [Device rules of the
+// fallback]) are unchanged. What remains is mostly the CPU kernel itself and
+// one CPU storage and TensorImpl per tensor argument (cpu_alias_over).
+
 // Runs an op that has no npu kernel with PyTorch's CPU kernel on CPU views of
 // the device memory: after the current stream's earlier work, synchronously.
 class FallbackCall {
  public:
-  explicit FallbackCall(const c10::OperatorHandle& op) : op_(op) {}
+  FallbackCall(const c10::OperatorHandle& op, size_t num_args) : op_(op) {
+    originals_.reserve(num_args);
+  }
 
   // `arg` is the schema's argument: written-to arguments (out=, self of an
   // in-place op) must be npu tensors, read ones may also be CPU scalars.
-  c10::IValue to_cpu(const c10::IValue& v, const c10::Argument& arg) {
+  // Takes the stack's value (kept alive in originals_ for the call).
+  c10::IValue to_cpu(c10::IValue&& v, const c10::Argument& arg) {
     const bool written = arg.alias_info() != nullptr && arg.alias_info()->isWrite();
     if (v.isTensor()) {
-      return alias(v.toTensor(), written ? Use::kWritten : Use::kRead);
+      originals_.push_back(std::move(v));
+      return alias(originals_.back().toTensor(), written ? Use::kWritten : Use::kRead);
     }
     if (v.isTensorList()) {
+      originals_.push_back(std::move(v));
+      c10::List<at::Tensor> in = originals_.back().toTensorList();
       c10::List<at::Tensor> out;
-      for (const at::Tensor& t : v.toTensorList()) {
-        out.push_back(alias(t, written ? Use::kWritten : Use::kRead));
+      out.reserve(in.size());
+      for (size_t i = 0; i < in.size(); ++i) {
+        // The list's elements live in its storage, which originals_ keeps.
+        out.push_back(alias(in.get(i), written ? Use::kWritten : Use::kRead));
       }
       return out;
     }
     if (v.isOptionalTensorList()) {
+      originals_.push_back(std::move(v));
+      c10::List<std::optional<at::Tensor>> in = originals_.back().toOptionalTensorList();
       c10::List<std::optional<at::Tensor>> out;
-      for (const std::optional<at::Tensor>& t : v.toOptionalTensorList()) {
+      out.reserve(in.size());
+      for (size_t i = 0; i < in.size(); ++i) {
+        const std::optional<at::Tensor> t = in.get(i);
         out.push_back(t.has_value() ? std::optional<at::Tensor>(alias(*t, Use::kIndex)) : std::nullopt);
       }
       return out;
@@ -64,7 +93,7 @@ class FallbackCall {
       note_device(c10::Device(kNpu, v.toDevice().index() < 0 ? current_device() : v.toDevice().index()));
       return c10::IValue(c10::Device(c10::DeviceType::CPU));
     }
-    return v;
+    return std::move(v);
   }
 
   c10::DeviceIndex device() const {
@@ -93,31 +122,36 @@ class FallbackCall {
   // out= kernels may have resized an output: move the new bytes and shape
   // back to the device tensors.
   void propagate_resizes() {
-    for (auto& [device_impl, entry] : storages_) {
+    for (StorageEntry& entry : storages_) {
       c10::StorageImpl* cpu = entry.cpu.unsafeGetStorageImpl();
-      if (cpu->data() == entry.original_data && cpu->nbytes() == device_impl->nbytes()) {
+      if (cpu->data() == entry.original_data && cpu->nbytes() == entry.device->nbytes()) {
         continue;
       }
       const size_t nbytes = cpu->nbytes();
       c10::DataPtr moved = cpu->set_data_ptr(c10::DataPtr(nullptr, c10::Device(c10::DeviceType::CPU)));
-      device_impl->set_data_ptr_noswap(adopt_as_device(std::move(moved), nbytes, device()));
-      device_impl->set_nbytes(nbytes);
+      entry.device->set_data_ptr_noswap(adopt_as_device(std::move(moved), nbytes, device()));
+      entry.device->set_nbytes(nbytes);
     }
-    for (auto& [device_tensor, cpu_tensor] : tensors_) {
-      if (!device_tensor.sizes().equals(cpu_tensor.sizes()) ||
-          !device_tensor.strides().equals(cpu_tensor.strides()) ||
-          device_tensor.storage_offset() != cpu_tensor.storage_offset()) {
-        device_tensor.unsafeGetTensorImpl()->set_sizes_and_strides(
-            cpu_tensor.sizes(), cpu_tensor.strides(), cpu_tensor.storage_offset());
+    for (TensorEntry& entry : tensors_) {
+      c10::TensorImpl* device_impl = entry.device;
+      const at::Tensor& cpu_tensor = entry.cpu;
+      if (!device_impl->sizes().equals(cpu_tensor.sizes()) ||
+          !device_impl->strides().equals(cpu_tensor.strides()) ||
+          device_impl->storage_offset() != cpu_tensor.storage_offset()) {
+        device_impl->set_sizes_and_strides(cpu_tensor.sizes(), cpu_tensor.strides(), cpu_tensor.storage_offset());
       }
     }
   }
 
  private:
   struct StorageEntry {
+    c10::StorageImpl* device;  // kept alive by originals_
     c10::Storage cpu;
     const void* original_data;
-    c10::Storage device;
+  };
+  struct TensorEntry {
+    c10::TensorImpl* device;  // kept alive by originals_
+    at::Tensor cpu;
   };
 
   // How an op uses a tensor argument; see Note [Device rules of the fallback].
@@ -148,18 +182,26 @@ class FallbackCall {
       if (!accepted) {
         note_device(t.device());
       }
-      callers_.insert(t.storage().unsafeGetStorageImpl());
+      callers_.push_back(t.storage().unsafeGetStorageImpl());
       return t;
     }
     note_device(t.device());
     c10::StorageImpl* key = t.storage().unsafeGetStorageImpl();
-    auto it = storages_.find(key);
-    if (it == storages_.end()) {
-      c10::Storage cpu = cpu_storage_over(t.storage());
-      it = storages_.emplace(key, StorageEntry{cpu, cpu.data(), t.storage()}).first;
+    StorageEntry* entry = nullptr;
+    for (StorageEntry& e : storages_) {
+      if (e.device == key) {
+        entry = &e;
+        break;
+      }
     }
-    at::Tensor cpu_tensor = cpu_alias_over(t, it->second.cpu);
-    tensors_.emplace_back(t, cpu_tensor);
+    if (entry == nullptr) {
+      c10::Storage cpu = cpu_storage_over(t.storage());
+      const void* data = cpu.data();
+      storages_.push_back(StorageEntry{key, std::move(cpu), data});
+      entry = &storages_.back();
+    }
+    at::Tensor cpu_tensor = cpu_alias_over(t, entry->cpu);
+    tensors_.push_back(TensorEntry{t.unsafeGetTensorImpl(), cpu_tensor});
     return cpu_tensor;
   }
 
@@ -173,35 +215,43 @@ class FallbackCall {
     TORCH_CHECK(t.layout() == c10::kStrided, op_.schema().operator_name(),
         ": npu tensors support only the strided layout, but this op's result has layout ", t.layout(),
         "; run sparse ops on cpu");
-    for (auto& [device_tensor, cpu_tensor] : tensors_) {
-      if (cpu_tensor.unsafeGetTensorImpl() == t.unsafeGetTensorImpl()) {
-        return device_tensor;  // in-place and out= ops return their argument
+    for (const TensorEntry& entry : tensors_) {
+      if (entry.cpu.unsafeGetTensorImpl() == t.unsafeGetTensorImpl()) {
+        // in-place and out= ops return their argument
+        return at::Tensor(c10::intrusive_ptr<c10::TensorImpl, c10::UndefinedTensorImpl>::reclaim_copy(entry.device));
       }
     }
     c10::StorageImpl* cpu_storage = t.storage().unsafeGetStorageImpl();
     c10::Storage device_storage;
-    for (auto& [device_impl, entry] : storages_) {
+    for (const StorageEntry& entry : storages_) {
       if (entry.cpu.unsafeGetStorageImpl() == cpu_storage) {
-        device_storage = entry.device;  // a view of an input
+        // a view of an input
+        device_storage = c10::Storage(c10::intrusive_ptr<c10::StorageImpl>::reclaim_copy(entry.device));
       }
     }
-    if (!device_storage && callers_.count(cpu_storage) > 0) {
+    if (!device_storage &&
+        std::find(callers_.begin(), callers_.end(), cpu_storage) != callers_.end()) {
       // A result over a caller's CPU tensor (a CPU scalar passed through):
       // its memory is not ours to adopt, so the result gets a copy.
       return back(t.clone());
     }
     if (!device_storage) {
-      auto fresh = fresh_.find(cpu_storage);
-      if (fresh == fresh_.end()) {
-        const size_t nbytes = cpu_storage->nbytes();
-        c10::DataPtr moved =
-            cpu_storage->set_data_ptr(c10::DataPtr(nullptr, c10::Device(c10::DeviceType::CPU)));
-        c10::Storage adopted(c10::Storage::use_byte_size_t(), nbytes,
-            adopt_as_device(std::move(moved), nbytes, device()), device_allocator(),
-            /*resizable=*/true);
-        fresh = fresh_.emplace(cpu_storage, adopted).first;
+      for (const auto& [cpu, adopted] : fresh_) {
+        if (cpu == cpu_storage) {
+          device_storage = adopted;
+          break;
+        }
       }
-      device_storage = fresh->second;
+    }
+    if (!device_storage) {
+      const size_t nbytes = cpu_storage->nbytes();
+      c10::DataPtr moved =
+          cpu_storage->set_data_ptr(c10::DataPtr(nullptr, c10::Device(c10::DeviceType::CPU)));
+      c10::Storage adopted(c10::Storage::use_byte_size_t(), nbytes,
+          adopt_as_device(std::move(moved), nbytes, device()), device_allocator(),
+          /*resizable=*/true);
+      fresh_.emplace_back(cpu_storage, adopted);
+      device_storage = std::move(adopted);
     }
     return tensor_over(std::move(device_storage), c10::DispatchKeySet(c10::DispatchKey::PrivateUse1), t);
   }
@@ -209,10 +259,13 @@ class FallbackCall {
   const c10::OperatorHandle& op_;
   std::optional<c10::Device> first_device_;
   c10::DeviceIndex device_ = -1;
-  std::unordered_set<const c10::StorageImpl*> callers_;
-  std::unordered_map<c10::StorageImpl*, StorageEntry> storages_;
-  std::unordered_map<c10::StorageImpl*, c10::Storage> fresh_;
-  std::vector<std::pair<at::Tensor, at::Tensor>> tensors_;
+  // The stack's arguments, moved here: they keep the npu tensors (and
+  // storages) that the entries below point to alive for the call.
+  c10::SmallVector<c10::IValue, 6> originals_;
+  c10::SmallVector<const c10::StorageImpl*, 2> callers_;
+  c10::SmallVector<StorageEntry, 4> storages_;
+  c10::SmallVector<std::pair<const c10::StorageImpl*, c10::Storage>, 2> fresh_;
+  c10::SmallVector<TensorEntry, 4> tensors_;
 };
 
 // The generator a CPU kernel of a random op draws from: a CPU generator
@@ -234,8 +287,9 @@ at::Generator fallback_generator(
 }
 
 bool is_optional_generator(const c10::Argument& arg) {
-  auto opt = arg.type()->cast<c10::OptionalType>();
-  return opt && opt->getElementType()->kind() == c10::TypeKind::GeneratorType;
+  // castRaw: no shared_ptr copy (an atomic increment) per argument per op.
+  const auto* opt = arg.type()->castRaw<c10::OptionalType>();
+  return opt != nullptr && opt->getElementType()->kind() == c10::TypeKind::GeneratorType;
 }
 
 }  // namespace
@@ -247,9 +301,9 @@ void npu_fallback(const c10::OperatorHandle& op, torch::jit::Stack* stack) {
   const auto& schema = op.schema();
   const size_t num_args = schema.arguments().size();
   const size_t first = stack->size() - num_args;
-  FallbackCall call(op);
+  FallbackCall call(op, num_args);
   for (size_t i = 0; i < num_args; ++i) {
-    (*stack)[first + i] = call.to_cpu((*stack)[first + i], schema.arguments()[i]);
+    (*stack)[first + i] = call.to_cpu(std::move((*stack)[first + i]), schema.arguments()[i]);
   }
   const c10::DeviceIndex device = call.device();
   for (size_t i = 0; i < num_args; ++i) {
@@ -259,7 +313,11 @@ void npu_fallback(const c10::OperatorHandle& op, torch::jit::Stack* stack) {
     }
   }
   wait_current_stream_idle(device);
-  const c10::DeviceGuard guard(c10::Device(kNpu, device));
+  // Switch only when needed: the guard's exchange costs two device calls.
+  c10::OptionalDeviceGuard guard;
+  if (current_device() != device) {
+    guard.reset_device(c10::Device(kNpu, device));
+  }
   op.redispatchBoxed(c10::DispatchKeySet(c10::DispatchKey::CPU), stack);
   call.propagate_resizes();
   const size_t num_returns = schema.returns().size();
