@@ -13,8 +13,6 @@ import statistics
 import time
 from typing import Any
 
-import torch
-
 from npusim.testing.ranks import run_ranks
 
 
@@ -26,26 +24,15 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
 
 
 def _job(rank: int, world: int, args: argparse.Namespace) -> dict[str, Any]:
-    import torch.nn.functional as F  # noqa: N812
 
     import npusim.sanitizer
-    from npusim.testing.fsdp_harness import Setup, shard
-    from npusim.testing.models import TinyTransformer
+    from npusim.testing.fsdp_harness import sharded_step
 
-    device = torch.device("npu", rank)
-    torch.manual_seed(0)
-    model = TinyTransformer(vocab=64, dim=args.dim, heads=4, seq=32, n_blocks=args.blocks).to(device)
-    shard(model, Setup(prefetch=False), None)
-    opt = torch.optim.SGD(model.parameters(), lr=0.01)
-    gen = torch.Generator().manual_seed(rank)
+    _, train_step = sharded_step(rank, args.dim, args.blocks)
 
     def step() -> float:
-        idx = torch.randint(0, 64, (4, 33), generator=gen).to(device)
         start = time.perf_counter()
-        F.cross_entropy(model(idx[:, :-1]).flatten(0, 1), idx[:, 1:].flatten()).backward()
-        opt.step()
-        opt.zero_grad(set_to_none=True)
-        torch.npu.synchronize()
+        train_step()
         return time.perf_counter() - start
 
     step()  # warm-up

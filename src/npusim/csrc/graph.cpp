@@ -2,11 +2,10 @@
 // one stream task, and the graph's private memory pool.
 #include "graph.h"
 
-#include "generator.h"
-
 #include "device_hooks.h"
-#include "memory.h"
+#include "generator.h"
 #include "host_transfer.h"
+#include "memory.h"
 
 #include <ATen/ATen.h>
 #include <ATen/core/GraphImplInterface.h>
@@ -286,29 +285,11 @@ class OpRecorder {
       it = meta_storages_.emplace(key, storage).first;
       meta_to_device_.emplace(storage.unsafeGetStorageImpl(), t.storage());
     }
-    auto meta = at::detail::make_tensor<c10::TensorImpl>(
-        c10::Storage(it->second), c10::DispatchKeySet(c10::DispatchKey::Meta), t.dtype());
-    meta.unsafeGetTensorImpl()->set_sizes_and_strides(t.sizes(), t.strides(), t.storage_offset());
-    if (t.is_conj()) {
-      meta._set_conj(true);
-    }
-    if (t.is_neg()) {
-      meta._set_neg(true);
-    }
-    return meta;
+    return tensor_over(c10::Storage(it->second), c10::DispatchKeySet(c10::DispatchKey::Meta), t);
   }
 
   at::Tensor device_tensor_over(const c10::Storage& storage, const at::Tensor& meta) {
-    auto out = at::detail::make_tensor<c10::TensorImpl>(
-        c10::Storage(storage), c10::DispatchKeySet(c10::DispatchKey::PrivateUse1), meta.dtype());
-    out.unsafeGetTensorImpl()->set_sizes_and_strides(meta.sizes(), meta.strides(), meta.storage_offset());
-    if (meta.is_conj()) {
-      out._set_conj(true);
-    }
-    if (meta.is_neg()) {
-      out._set_neg(true);
-    }
-    return out;
+    return tensor_over(c10::Storage(storage), c10::DispatchKeySet(c10::DispatchKey::PrivateUse1), meta);
   }
 
   at::Tensor output(const at::Tensor& meta, size_t ret, int64_t elem) {

@@ -108,3 +108,28 @@ def shard(model: nn.Module, setup: Setup, cache: enhanced.CommBufferCache | None
         for a, b in zip(blocks[:-1], blocks[1:], strict=True):
             a.set_modules_to_forward_prefetch([b])
     return modules
+
+
+def sharded_step(rank: int, dim: int, blocks: int) -> tuple[nn.Module, Callable[[], None]]:
+    """A TinyTransformer (vocab 64, 4 heads, seq 32) under FSDP2 on ``npu:<rank>`` without prefetch,
+    and one SGD training step on fresh tokens that ends with a device synchronize (the model of the
+    timeline and the sanitizer benchmark)."""
+    import torch.nn.functional as F  # noqa: N812
+
+    from npusim.testing.models import TinyTransformer
+
+    device = torch.device("npu", rank)
+    torch.manual_seed(0)
+    model = TinyTransformer(vocab=64, dim=dim, heads=4, seq=32, n_blocks=blocks).to(device)
+    shard(model, Setup(prefetch=False), None)
+    opt = torch.optim.SGD(model.parameters(), lr=0.01)
+    gen = torch.Generator().manual_seed(rank)
+
+    def step() -> None:
+        idx = torch.randint(0, 64, (4, 33), generator=gen).to(device)
+        F.cross_entropy(model(idx[:, :-1]).flatten(0, 1), idx[:, 1:].flatten()).backward()
+        opt.step()
+        opt.zero_grad(set_to_none=True)
+        torch.npu.synchronize()
+
+    return model, step

@@ -38,27 +38,13 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
 
 def _job(rank: int, world: int, args: argparse.Namespace, out: str) -> dict[str, Any]:
     import torch.distributed as dist
-    import torch.nn.functional as F  # noqa: N812
     from torch.profiler import ProfilerActivity, profile
 
     import npusim
     from npusim.distributed.historical_patch import historical_patch
-    from npusim.testing.fsdp_harness import Setup, shard
-    from npusim.testing.models import TinyTransformer
+    from npusim.testing.fsdp_harness import sharded_step
 
-    device = torch.device("npu", rank)
-    torch.manual_seed(0)
-    model = TinyTransformer(vocab=64, dim=args.dim, heads=4, seq=32, n_blocks=args.blocks).to(device)
-    shard(model, Setup(prefetch=False), None)
-    opt = torch.optim.SGD(model.parameters(), lr=0.01)
-    gen = torch.Generator().manual_seed(rank)
-
-    def step() -> None:
-        idx = torch.randint(0, 64, (4, 33), generator=gen).to(device)
-        F.cross_entropy(model(idx[:, :-1]).flatten(0, 1), idx[:, 1:].flatten()).backward()
-        opt.step()
-        opt.zero_grad(set_to_none=True)
-        torch.npu.synchronize()
+    model, step = sharded_step(rank, args.dim, args.blocks)
 
     with npusim.timing.model(copy_gbps=args.copy_gbps, link_gbps=args.link_gbps):
         step()  # warm-up: lazy initialization (FSDP2 creates its streams) out of the picture
