@@ -123,17 +123,24 @@ class OpRecorder {
   OpRecorder(const c10::OperatorHandle& op, GraphCapture& capture, c10::DeviceIndex device)
       : op_(op), capture_(capture), device_(device) {}
 
+  // The CPU and Meta forms of one element of a tensor-list argument.
+  std::pair<at::Tensor, at::Tensor> list_element(const at::Tensor& t) {
+    add_tensor(t);
+    std::pair<at::Tensor, at::Tensor> out{cpu_args_.back().toTensor(), meta_args_.back().toTensor()};
+    cpu_args_.pop_back();
+    meta_args_.pop_back();
+    return out;
+  }
+
   void add_argument(const c10::IValue& v, bool generator_slot) {
     if (v.isTensor()) {
       add_tensor(v.toTensor());
     } else if (v.isTensorList()) {
       c10::List<at::Tensor> cpu, meta;
       for (const at::Tensor& t : v.toTensorList()) {
-        add_tensor(t);
-        cpu.push_back(cpu_args_.back().toTensor());
-        meta.push_back(meta_args_.back().toTensor());
-        cpu_args_.pop_back();
-        meta_args_.pop_back();
+        auto [c, m] = list_element(t);
+        cpu.push_back(std::move(c));
+        meta.push_back(std::move(m));
       }
       cpu_args_.emplace_back(cpu);
       meta_args_.emplace_back(meta);
@@ -145,11 +152,9 @@ class OpRecorder {
           meta.push_back(std::nullopt);
           continue;
         }
-        add_tensor(*t);
-        cpu.push_back(cpu_args_.back().toTensor());
-        meta.push_back(meta_args_.back().toTensor());
-        cpu_args_.pop_back();
-        meta_args_.pop_back();
+        auto [c, m] = list_element(*t);
+        cpu.push_back(std::move(c));
+        meta.push_back(std::move(m));
       }
       cpu_args_.emplace_back(cpu);
       meta_args_.emplace_back(meta);
