@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import copy
+import threading
 
 import pytest
 import torch
@@ -64,3 +65,36 @@ def test_grad_lands_on_npu():
     (x * x).sum().backward()
     assert x.grad.device.type == "npu"
     assert torch.equal(x.grad.cpu(), 2 * torch.arange(4.0))
+
+
+class _ThreadProbe(torch.autograd.Function):
+    """Records, in its backward, the thread it runs on and that thread's intra-op thread count."""
+
+    seen: list[tuple[int, int]] = []
+
+    @staticmethod
+    def forward(ctx, x: torch.Tensor) -> torch.Tensor:
+        return x * 1
+
+    @staticmethod
+    def backward(ctx, grad: torch.Tensor) -> torch.Tensor:
+        out = grad * 2  # an npu op through the fallback on this thread
+        _ThreadProbe.seen.append((threading.get_ident(), torch.get_num_threads()))
+        return out
+
+
+def test_backward_on_autograd_npu_thread_follows_torch_set_num_threads():
+    """Note [Intra-op threads of autograd's npu thread]: autograd's npu thread keeps the count it started
+    with unless npusim applies the user's; each backward must use what torch.set_num_threads last asked."""
+    default = torch.get_num_threads()
+    try:
+        for threads in (1, 2, 1, 3):
+            torch.set_num_threads(threads)
+            x = torch.ones(4, device="npu", requires_grad=True)
+            _ThreadProbe.apply(x * 3).sum().backward()
+            ident, seen_threads = _ThreadProbe.seen[-1]
+            assert ident != threading.get_ident()  # autograd's device thread ran it
+            assert seen_threads == threads
+            assert torch.equal(x.grad.cpu(), torch.full((4,), 6.0))
+    finally:
+        torch.set_num_threads(default)

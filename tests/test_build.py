@@ -94,3 +94,30 @@ def test_changed_sources_are_compiled_with_a_message(monkeypatch, tmp_path):
     assert _build.load_extension("npusim_C") == "loaded"
     assert seen["reason"] == "its C++ sources changed since the install-time build"
     assert seen["build_dir"].name == source_hash(EXTENSIONS["npusim_C"], torch.__version__)
+
+
+def test_every_cpp_file_is_in_exactly_one_unity_unit():
+    """Note [Unity build]: a .cpp file missing from the units would not be built, one in two would be built twice."""
+    from npusim._sources import CSRC, unit_members
+
+    units = [unit for sources in EXTENSIONS.values() for unit in sources]
+    members = [member for unit in units for member in unit_members(unit)]
+    on_disk = sorted(p.relative_to(CSRC).as_posix() for p in CSRC.rglob("*.cpp") if p.parent.name != "unity")
+    assert sorted(members) == on_disk
+    assert len(set(members)) == len(members)
+    assert all(unit.startswith("unity/") for unit in units)
+
+
+def test_source_hash_covers_the_files_a_unit_includes(monkeypatch, tmp_path):
+    """Editing a .cpp that a unit includes changes the hash (so a stale build is never loaded)."""
+    import npusim._sources as sources
+
+    csrc = tmp_path / "csrc"
+    (csrc / "unity").mkdir(parents=True)
+    (csrc / "a.cpp").write_text("int a() { return 1; }\n")
+    (csrc / "unity" / "u.cpp").write_text('// unit\n#include "../a.cpp"\n')
+    monkeypatch.setattr(sources, "CSRC", csrc)
+    assert sources.unit_members("unity/u.cpp") == ["a.cpp"]
+    before = sources.source_hash(("unity/u.cpp",), "2.13.0")
+    (csrc / "a.cpp").write_text("int a() { return 2; }\n")
+    assert sources.source_hash(("unity/u.cpp",), "2.13.0") != before

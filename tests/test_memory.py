@@ -10,6 +10,12 @@ import torch
 MIB = 1 << 20
 
 
+@pytest.fixture(autouse=True)
+def _collect_earlier_garbage() -> None:
+    """Earlier tests' tracebacks hold npu tensors in reference cycles; freed mid-test they would skew the counts."""
+    gc.collect()
+
+
 def test_allocated_peak_and_reset():
     """memory_allocated / max_memory_allocated track live tensors; reset_peak works."""
     torch.npu.synchronize()
@@ -69,7 +75,6 @@ def test_free_is_deferred_while_a_stream_may_use_the_block():
     """A block freed while queued work may touch it stays reserved until the stream passes."""
     import npusim
 
-    gc.collect()  # earlier tests' tracebacks hold tensors in cycles; freeing them mid-test would skew the count
     a = torch.ones(4 * MIB, device="npu")
     b = torch.empty_like(a)
     torch.npu.synchronize()
@@ -87,7 +92,6 @@ def test_free_is_deferred_while_a_stream_may_use_the_block():
 
 def test_storage_resize_to_zero_and_back():
     """untyped_storage().resize_(0) frees device memory and resize_(n) re-allocates (FSDP2's pattern)."""
-    gc.collect()  # earlier tests' tracebacks hold tensors in cycles; freeing them mid-test would skew the count
     t = torch.ones(MIB // 4, device="npu")
     before = torch.npu.memory_allocated()
     t.untyped_storage().resize_(0)

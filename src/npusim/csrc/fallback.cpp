@@ -9,6 +9,7 @@
 #include "memory.h"
 #include "runtime.h"
 #include "host_transfer.h"
+#include "intraop_threads.h"
 
 #include <ATen/ATen.h>
 #include <torch/library.h>
@@ -286,18 +287,19 @@ at::Generator fallback_generator(
   return cpu_generator_for(gen, device);
 }
 
+}  // namespace
+
 bool is_optional_generator(const c10::Argument& arg) {
   // castRaw: no shared_ptr copy (an atomic increment) per argument per op.
   const auto* opt = arg.type()->castRaw<c10::OptionalType>();
   return opt != nullptr && opt->getElementType()->kind() == c10::TypeKind::GeneratorType;
 }
 
-}  // namespace
-
 void npu_fallback(const c10::OperatorHandle& op, torch::jit::Stack* stack) {
   if (capture_fallback_op(op, stack)) {
     return;  // recorded into the npu graph capturing the current stream
   }
+  follow_user_intraop_threads();  // Note [Intra-op threads of autograd's npu thread]
   const auto& schema = op.schema();
   const size_t num_args = schema.arguments().size();
   const size_t first = stack->size() - num_args;

@@ -12,4 +12,8 @@ namespace npusim {
 // fallback].
 void npu_fallback(const c10::OperatorHandle& op, torch::jit::Stack* stack);
 
+// Whether a schema argument is a `Generator?`: the fallback and graph capture
+// give random ops the npu generator's stream there.
+bool is_optional_generator(const c10::Argument& arg);
+
 }  // namespace npusim

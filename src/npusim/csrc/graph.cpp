@@ -3,6 +3,7 @@
 #include "graph.h"
 
 #include "device_hooks.h"
+#include "fallback.h"
 #include "generator.h"
 #include "host_transfer.h"
 #include "memory.h"
@@ -91,21 +92,21 @@ struct GraphCapture {
 
 namespace {
 
-std::mutex& g_pools_mutex = *new std::mutex();
-std::map<c10::MempoolId_t, std::weak_ptr<GraphPool>>& g_pools =
+std::mutex& g_graph_pools_mutex = *new std::mutex();
+std::map<c10::MempoolId_t, std::weak_ptr<GraphPool>>& g_graph_pools =
     *new std::map<c10::MempoolId_t, std::weak_ptr<GraphPool>>();
 
 std::shared_ptr<GraphPool> pool_for(c10::MempoolId_t id) {
-  std::lock_guard<std::mutex> lock(g_pools_mutex);
+  std::lock_guard<std::mutex> lock(g_graph_pools_mutex);
   if (id.first == 0 && id.second == 0) {
     id = {g_next_pool_uid.fetch_add(1), 0};  // a graph's own pool, as CUDA numbers them
   }
-  if (auto existing = g_pools[id].lock()) {
+  if (auto existing = g_graph_pools[id].lock()) {
     return existing;
   }
   auto pool = std::make_shared<GraphPool>();
   pool->id = id;
-  g_pools[id] = pool;
+  g_graph_pools[id] = pool;
   return pool;
 }
 
@@ -337,11 +338,6 @@ class OpRecorder {
   std::vector<Fresh> fresh_;
   std::vector<c10::Storage> keep_alive_;
 };
-
-bool is_optional_generator(const c10::Argument& arg) {
-  auto opt = arg.type()->cast<c10::OptionalType>();
-  return opt && opt->getElementType()->kind() == c10::TypeKind::GeneratorType;
-}
 
 c10::DeviceIndex npu_device_of(const c10::IValue& v) {
   if (v.isTensor()) {

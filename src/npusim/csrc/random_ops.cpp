@@ -32,7 +32,7 @@ using Gen = std::optional<at::Generator>;
 constexpr int64_t kGrain = 1 << 14;
 
 // The 128-bit Philox block of one element.
-struct Block {
+struct PhiloxBlock {
   uint32_t x[4];
   uint64_t lo() const {
     return x[0] | (static_cast<uint64_t>(x[1]) << 32);
@@ -65,7 +65,7 @@ acc_t unit_as(uint64_t v) {
 
 // A standard normal sample: Box-Muller over the block's two halves.
 template <typename acc_t>
-acc_t standard_normal(const Block& b) {
+acc_t standard_normal(const PhiloxBlock& b) {
   const acc_t radius = std::sqrt(static_cast<acc_t>(-2) * std::log1p(-unit_as<acc_t>(b.lo())));
   return radius * std::cos(static_cast<acc_t>(2) * c10::pi<acc_t> * unit_as<acc_t>(b.hi()));
 }
@@ -90,7 +90,7 @@ void philox_fill(const Tensor& self, const PhiloxInputs& in, F value) {
   at::parallel_for(0, self.numel(), kGrain, [&](int64_t begin, int64_t end) {
     at::Philox4_32 engine(in.seed, /*subsequence=*/0, in.offset + static_cast<uint64_t>(begin));
     for (int64_t i = begin; i < end; ++i) {
-      Block b;
+      PhiloxBlock b;
       for (uint32_t& word : b.x) {
         word = engine();
       }
@@ -121,7 +121,7 @@ struct UniformKernel {
     AT_DISPATCH_FLOATING_TYPES_AND2(at::kHalf, at::kBFloat16, self.scalar_type(), "uniform_npu", [&] {
       const auto from = static_cast<scalar_t>(from_);
       const auto to = static_cast<scalar_t>(to_);
-      philox_fill<scalar_t>(self, in, [=](const Block& b, int64_t) {
+      philox_fill<scalar_t>(self, in, [=](const PhiloxBlock& b, int64_t) {
         const auto value = static_cast<scalar_t>(at::transformation::uniform_real<scalar_t>(b.lo(), from, to));
         // As CUDA: rounding may reach `to`, which [from, to) excludes.
         return value == to ? from : value;
@@ -138,7 +138,7 @@ struct NormalKernel {
       using acc_t = at::opmath_type<scalar_t>;
       const auto m = static_cast<acc_t>(mean);
       const auto s = static_cast<acc_t>(std);
-      philox_fill<scalar_t>(self, in, [=](const Block& b, int64_t) {
+      philox_fill<scalar_t>(self, in, [=](const PhiloxBlock& b, int64_t) {
         return static_cast<scalar_t>(at::transformation::normal(standard_normal<acc_t>(b), m, s));
       });
     });
@@ -154,7 +154,7 @@ struct LogNormalKernel {
       using acc_t = at::opmath_type<scalar_t>;
       const auto m = static_cast<acc_t>(mean);
       const auto s = static_cast<acc_t>(std);
-      philox_fill<scalar_t>(self, in, [=](const Block& b, int64_t) {
+      philox_fill<scalar_t>(self, in, [=](const PhiloxBlock& b, int64_t) {
         return static_cast<scalar_t>(
             at::transformation::log_normal(at::transformation::normal(standard_normal<acc_t>(b), m, s)));
       });
@@ -171,7 +171,7 @@ struct ExponentialKernel {
         "but you specified ", self.dtype());
     const PhiloxInputs in = begin_op(self, gen, "exponential_");
     AT_DISPATCH_FLOATING_TYPES_AND2(at::kHalf, at::kBFloat16, self.scalar_type(), "exponential_npu", [&] {
-      philox_fill<scalar_t>(self, in, [=](const Block& b, int64_t) {
+      philox_fill<scalar_t>(self, in, [=](const PhiloxBlock& b, int64_t) {
         // u in (0, 1): never 0, as CUDA's exponential_ (a 0 breaks gumbel_softmax's log).
         return static_cast<scalar_t>(at::transformation::exponential(open_unit(b.lo()), lambda));
       });
@@ -185,7 +185,7 @@ struct GeometricKernel {
     const Tensor& self = iter.tensor(0);
     const PhiloxInputs in = begin_op(self, gen, "geometric_");
     AT_DISPATCH_ALL_TYPES_AND2(at::kHalf, at::kBFloat16, self.scalar_type(), "geometric_npu", [&] {
-      philox_fill<scalar_t>(self, in, [=](const Block& b, int64_t) {
+      philox_fill<scalar_t>(self, in, [=](const PhiloxBlock& b, int64_t) {
         return static_cast<scalar_t>(at::transformation::geometric(open_unit(b.lo()), p));
       });
     });
@@ -198,7 +198,7 @@ struct CauchyKernel {
     const Tensor& self = iter.tensor(0);
     const PhiloxInputs in = begin_op(self, gen, "cauchy_");
     AT_DISPATCH_FLOATING_TYPES_AND2(at::kHalf, at::kBFloat16, self.scalar_type(), "cauchy_npu", [&] {
-      philox_fill<scalar_t>(self, in, [=](const Block& b, int64_t) {
+      philox_fill<scalar_t>(self, in, [=](const PhiloxBlock& b, int64_t) {
         return static_cast<scalar_t>(at::transformation::cauchy(open_unit(b.lo()), median, sigma));
       });
     });
@@ -211,7 +211,7 @@ struct RandomKernel {
     const Tensor& self = iter.tensor(0);
     const PhiloxInputs in = begin_op(self, gen, "random_");
     AT_DISPATCH_ALL_TYPES_AND3(at::kBool, at::kHalf, at::kBFloat16, self.scalar_type(), "random_kernel_npu", [&] {
-      philox_fill<scalar_t>(self, in, [](const Block& b, int64_t) {
+      philox_fill<scalar_t>(self, in, [](const PhiloxBlock& b, int64_t) {
         return at::transformation::uniform_int<scalar_t>(b.lo());
       });
     });
@@ -224,7 +224,7 @@ struct RandomFromToKernel {
     const Tensor& self = iter.tensor(0);
     const PhiloxInputs in = begin_op(self, gen, "random_");
     AT_DISPATCH_V2(self.scalar_type(), "random_from_to_kernel_npu", AT_WRAP([&] {
-      philox_fill<scalar_t>(self, in, [=](const Block& b, int64_t) {
+      philox_fill<scalar_t>(self, in, [=](const PhiloxBlock& b, int64_t) {
         return at::transformation::uniform_int_from_to<scalar_t>(b.lo(), range, base);
       });
     }), AT_EXPAND(AT_ALL_TYPES), at::kBool, at::kHalf, at::kBFloat16, AT_EXPAND(AT_BAREBONES_UNSIGNED_TYPES));
@@ -234,7 +234,7 @@ struct RandomFromToKernel {
     const Tensor& self = iter.tensor(0);
     const PhiloxInputs in = begin_op(self, gen, "random_");
     AT_DISPATCH_V2(self.scalar_type(), "random_full_64_bits_range_kernel_npu", AT_WRAP([&] {
-      philox_fill<scalar_t>(self, in, [](const Block& b, int64_t) {
+      philox_fill<scalar_t>(self, in, [](const PhiloxBlock& b, int64_t) {
         return at::transformation::uniform_int_full_range<scalar_t>(b.lo());
       });
     }), at::kLong, at::kDouble, at::kFloat, at::kBFloat16);
@@ -246,7 +246,7 @@ struct BernoulliScalarKernel {
   void operator()(const Tensor& self, double p, Gen gen) {
     const PhiloxInputs in = begin_op(self, gen, "bernoulli_");
     AT_DISPATCH_ALL_TYPES_AND3(at::kBool, at::kHalf, at::kBFloat16, self.scalar_type(), "bernoulli_scalar_npu_", [&] {
-      philox_fill<scalar_t>(self, in, [=](const Block& b, int64_t) {
+      philox_fill<scalar_t>(self, in, [=](const PhiloxBlock& b, int64_t) {
         return static_cast<scalar_t>(at::transformation::bernoulli(unit(b.lo()), p));
       });
     });
@@ -269,7 +269,7 @@ struct BernoulliTensorKernel {
     }
     const PhiloxInputs in = philox_inputs(gen, device, static_cast<uint64_t>(self.numel()));
     AT_DISPATCH_ALL_TYPES_AND3(at::kBool, at::kHalf, at::kBFloat16, self.scalar_type(), "bernoulli_tensor_npu_self_", [&] {
-      philox_fill<scalar_t>(self, in, [=](const Block& b, int64_t i) {
+      philox_fill<scalar_t>(self, in, [=](const PhiloxBlock& b, int64_t i) {
         return static_cast<scalar_t>(at::transformation::bernoulli(unit(b.lo()), probs[i]));
       });
     });

@@ -1,0 +1,12 @@
+// The intra-op thread count of npu kernels on autograd's device thread
+// (intraop_threads.cpp; Note [Intra-op threads of autograd's npu thread]).
+#pragma once
+
+namespace npusim {
+
+// Called by every fallback op before its CPU kernel runs: outside a
+// backward pass it records the calling thread's intra-op thread count; inside
+// one it applies the recorded count to the calling thread when they differ.
+void follow_user_intraop_threads();
+
+}  // namespace npusim
