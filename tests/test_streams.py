@@ -184,3 +184,71 @@ def test_overlapping_copy_is_rejected_like_cpu():
     y = torch.arange(4.0, device="npu")
     y.copy_(y)  # the same view: a no-op, as on CPU
     assert torch.equal(y.cpu(), torch.arange(4.0))
+
+
+def test_events_on_an_idle_stream_complete_on_the_host():
+    """Note [Events on an idle stream]: a record on an idle stream and a wait for a completed event
+    enqueue no task; on a busy stream both stay stream tasks, in order."""
+    side = torch.npu.Stream()
+    torch.npu.synchronize()
+    stream = torch.npu.current_stream()
+    done = torch.npu.Event()
+    done.record()
+    assert done.query() and stream.pending() == 0
+    side.wait_event(done)
+    assert side.pending() == 0
+    src = torch.full((MIB,), 2.0, device="npu")
+    dst = torch.zeros(MIB, device="npu")
+    torch.npu.synchronize()
+    with slow_copies():
+        dst.copy_(src)
+        busy = torch.npu.Event()
+        busy.record()
+        assert not busy.query() and stream.pending() == 2  # the copy, then the record
+        side.wait_event(busy)
+        assert side.pending() == 1
+        side.synchronize()
+        assert busy.query()
+    assert dst.cpu().eq(2.0).all()
+
+
+def test_events_stay_stream_tasks_under_the_profiler():
+    """Under torch.profiler a record on an idle stream is still a device task, so the trace shows it."""
+    torch.npu.synchronize()
+    with torch.profiler.profile(activities=[torch.profiler.ProfilerActivity.CPU]) as prof:
+        done = torch.npu.Event()
+        done.record()
+        torch.npu.synchronize()
+    assert done.query()
+    assert any(e.name.endswith("event_record") for e in prof.events())
+
+
+def test_small_copies_on_an_idle_stream_are_done_by_the_caller():
+    """Note [Work on an idle stream]: a small copy on an idle stream is no stream task; a large one, or one
+    under the timing model, is. Values are right either way."""
+    from npusim.runtime import acl
+
+    stream = torch.npu.current_stream()
+
+    def tasks() -> int:
+        return acl.stream_enqueued(stream.stream_id, stream.device_index)
+
+    small = torch.arange(16.0)
+    torch.npu.synchronize()
+    before = tasks()
+    on_npu = small.to("npu")  # H2D
+    copied = torch.empty_like(on_npu).copy_(on_npu)  # D2D
+    back = copied.cpu()  # D2H
+    assert tasks() == before
+    assert torch.equal(back, small)
+    large = torch.zeros(64 * 1024 // 4 + 1, device="npu")  # just over 64 KiB
+    torch.npu.synchronize()
+    before = tasks()
+    large.copy_(torch.ones_like(large))
+    assert tasks() == before + 1
+    torch.npu.synchronize()
+    with slow_copies():
+        copied.copy_(on_npu * 2)
+        assert tasks() == before + 2
+        torch.npu.synchronize()
+    assert torch.equal(copied.cpu(), small * 2)

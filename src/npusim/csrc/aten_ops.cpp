@@ -100,10 +100,25 @@ at::Scalar local_scalar_dense(const at::Tensor& self) {
 
 // ---- copies ---------------------------------------------------------------
 
+namespace {
+
+// At most this many bytes are copied by the caller when the stream is idle
+// (Note [Work on an idle stream]): a few microseconds of host time, less than
+// a worker wake-up. Larger copies stay stream tasks, which overlap with the
+// host's next work.
+constexpr size_t kHostCopyMaxBytes = 64 * 1024;
+
+bool copy_on_the_host_now(const NpuStream& stream, size_t nbytes) {
+  return nbytes <= kHostCopyMaxBytes && copy_task_us(nbytes) == 0.0 && done_on_the_host_now(stream);
+}
+
+}  // namespace
+
 // Copies between npu and host or between npu devices, with the semantics of
 // docs/SPEC.md section 3 (CUDA's Copy.cu): device copies are enqueued on the
 // current stream; host<->device honours non_blocking (host_transfer.h says
-// when the host waits and how pageable sources are kept).
+// when the host waits and how pageable sources are kept). A small copy on an
+// idle stream is done in place by the caller (Note [Work on an idle stream]).
 at::Tensor copy_from(const at::Tensor& src, const at::Tensor& dst, bool non_blocking) {
   TORCH_CHECK(dst.dim() >= src.dim() && at::is_expandable_to(src.sizes(), dst.sizes()),
       "copy_: source of shape ", src.sizes(), " on ", src.device(),
@@ -136,6 +151,10 @@ at::Tensor copy_from(const at::Tensor& src, const at::Tensor& dst, bool non_bloc
         return dst;  // the same data: nothing to copy
       }
       at::assert_no_partial_overlap(dst, src);
+      if (copy_on_the_host_now(src_stream, nbytes)) {
+        host_copy(dst_alias, src_alias);
+        return dst;
+      }
       src_stream.enqueue([dst_alias, src_alias] { host_copy(dst_alias, src_alias); },
           copy_task_us(nbytes), "copy_d2d");
       return dst;
@@ -152,6 +171,10 @@ at::Tensor copy_from(const at::Tensor& src, const at::Tensor& dst, bool non_bloc
 
   // host <-> device, on the current stream of the npu side
   NpuStream& stream = current_stream((dst_npu ? dst : src).device().index());
+  if (copy_on_the_host_now(stream, nbytes)) {
+    host_copy(dst_alias, cpu_alias(src));  // done before the call returns: no staging needed
+    return dst;
+  }
   at::Tensor src_alias = dst_npu && non_blocking ? stage_pageable_sources({src})[0] : cpu_alias(src);
   stream.enqueue([dst_alias, src_alias] { host_copy(dst_alias, src_alias); }, copy_task_us(nbytes),
       dst_npu ? "copy_h2d" : "copy_d2h");

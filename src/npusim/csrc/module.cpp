@@ -172,6 +172,9 @@ PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
   m.def("stream_priority", [](int64_t id, int device) {
     return npusim::stream_for(device, id).priority();
   });
+  m.def("stream_enqueued", [](int64_t id, int device) {
+    return npusim::stream_for(device, id).enqueued();
+  });
   m.def("stream_pending", [](int64_t id, int device) {
     const NpuStream& s = npusim::stream_for(device, id);
     return s.enqueued() - s.completed();

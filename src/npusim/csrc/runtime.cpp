@@ -372,6 +372,11 @@ void event_record(NpuEvent& event, NpuStream& stream) {
   event.device = stream.device();
   auto record = std::make_shared<EventRecord>();
   event.record = record;
+  if (done_on_the_host_now(stream)) {  // Note [Work on an idle stream]
+    record->done = true;  // no other thread has this record yet
+    record->when = std::chrono::steady_clock::now();
+    return;
+  }
   stream.enqueue([record] {
     {
       std::lock_guard<std::mutex> lock(record->mutex);
@@ -386,6 +391,12 @@ void stream_wait_event(NpuStream& stream, const NpuEvent& event) {
   auto record = event.record;
   if (!record) {
     return;  // never recorded: nothing to wait for (CUDA semantics)
+  }
+  if (!tasks_must_show(stream)) {
+    std::lock_guard<std::mutex> lock(record->mutex);
+    if (record->done) {
+      return;  // Note [Work on an idle stream]
+    }
   }
   stream.enqueue([record] {
     std::unique_lock<std::mutex> lock(record->mutex);

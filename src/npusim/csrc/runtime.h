@@ -160,6 +160,31 @@ inline void wait_current_stream_idle(c10::DeviceIndex device) {
   }
 }
 
+// Note [Work on an idle stream]
+// Every stream task costs a wake-up of the stream's worker thread, and the
+// next host op on the stream then waits for that worker
+// (wait_current_stream_idle): about 15 us per task on a 2-core machine, where
+// a small op costs a few. A task enqueued on an idle stream (everything
+// enqueued so far has completed) would run at once, so for short work the
+// host may as well do it in place: an event record on an idle stream
+// completes on the host; a wait for an event that has completed enqueues
+// nothing (it would do nothing); a small copy on an idle stream is done by
+// the caller (aten_ops.cpp copy_from). FSDP2 records, waits and copies
+// several times per module per step (issue 15). The host cannot tell the
+// difference: the work is done, in stream order, before anything enqueued
+// later. The task form stays while the stream is captured into an npu graph
+// (the graph must replay the work), under torch.profiler (whose trace shows
+// device tasks) and, for copies, under the timing model (a copy then takes
+// its modelled stream time).
+inline bool tasks_must_show(const NpuStream& stream) {
+  return stream.capture() != nullptr || profiler_active();
+}
+
+// Whether work enqueued on `stream` now would start at once and need not be a task.
+inline bool done_on_the_host_now(const NpuStream& stream) {
+  return !tasks_must_show(stream) && stream.query();
+}
+
 // ---- events ---------------------------------------------------------------
 
 struct EventRecord {

@@ -37,6 +37,8 @@ default_stream: Callable[[int], tuple[int, int, int]] = C.default_stream
 set_stream: Callable[[int, int], None] = C.set_stream
 stream_priority: Callable[[int, int], int] = C.stream_priority
 stream_pending: Callable[[int, int], int] = C.stream_pending
+# Tasks ever enqueued on the stream (work done on the host, Note [Work on an idle stream], is not one).
+stream_enqueued: Callable[[int, int], int] = C.stream_enqueued
 # (stream_id, device, timeout_s < 0 waits forever); a timeout raises an error naming the stream.
 synchronize_stream: Callable[[int, int, float], None] = C.synchronize_stream
 synchronize_device: Callable[[int], None] = C.synchronize_device
