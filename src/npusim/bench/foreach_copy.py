@@ -8,23 +8,27 @@ Two figures, each a ratio of things measured side by side in one run (docs/SPEC.
    tensor holding the same bytes.
 
 Host time is what the calling thread spends inside the call: an asynchronous
-route returns once its device work is enqueued. Each sample starts from idle
-streams so that queued work of earlier samples is not counted.
+route returns once its device work is enqueued. Each sample is one call that
+starts from idle streams, so that queued work of earlier samples is not
+counted: a fixed number of samples, each after an untimed drain
+(``report.repeated``), where ``blocked_autorange`` would time blocks of calls
+over a growing queue. Throughput samples include the synchronize and are
+timed with ``blocked_autorange``.
 """
 
 from __future__ import annotations
 
 import argparse
 import json
-import os
-import statistics
-import time
 from collections.abc import Callable
-from typing import NamedTuple
+from pathlib import Path
+from typing import Any, NamedTuple
 
 import torch
+from torch.utils import benchmark
 
 import npusim
+from npusim.bench.report import compare, progress, repeated, save_plot, timed
 from npusim.ops import foreach_copy_mode, trace_foreach_copy
 from npusim.runtime import acl
 
@@ -55,21 +59,22 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--numel", type=int, default=1024, help="float32 elements per tensor (default: 4 KiB)")
     parser.add_argument("--reps", type=int, default=30, help="timed calls per route and size (median reported)")
     parser.add_argument("--throughput-mib", type=int, default=64, help="bytes per throughput sample, MiB")
+    parser.add_argument("--min-run-time", type=float, default=0.3,
+                        help="seconds of blocked_autorange per throughput measurement (default 0.3)")
     parser.add_argument("--copy-gbps", type=float, default=0.0,
                         help="timing model for the host-time table: device copy bandwidth, GB/s (default: off, "
                              "copies take their real time); makes the waits of blocking routes visible")
 
 
-def _median_us(fn: Callable[[], None], reps: int) -> float:
-    fn()  # warm up (allocations, first-call paths)
-    samples = []
-    for _ in range(reps):
-        acl.synchronize_all()
-        start = time.perf_counter()
-        fn()
-        samples.append(time.perf_counter() - start)
+HOST_LABEL = "_foreach_copy_ host time per call"
+CPU_NATIVE = "CPU native"
+
+
+def _host_time(fn: Callable[[], None], reps: int, route: str, n: int) -> benchmark.Measurement:
+    m = repeated(fn, repeats=reps, setup=acl.synchronize_all, label=HOST_LABEL, sub_label=route,
+                 description=f"{n} tensors")
     acl.synchronize_all()
-    return statistics.median(samples) * 1e6
+    return m
 
 
 def _lists(n: int, numel: int, src_device: str) -> tuple[list[torch.Tensor], list[torch.Tensor]]:
@@ -86,18 +91,23 @@ def _check_route(dst: list[torch.Tensor], src: list[torch.Tensor], non_blocking:
         raise RuntimeError(f"bench foreach-copy: expected route {route!r}, got {calls[0].routes}")
 
 
-def measure_host_time(sizes: list[int], numel: int, reps: int) -> list[Row]:
-    rows = []
-    for n in sizes:
+def measure_host_time(sizes: list[int], numel: int, reps: int,
+                      measurements: list[benchmark.Measurement] | None = None) -> list[Row]:
+    """One Row per route and size; appends the Measurements behind them to ``measurements``."""
+    rows, kept = [], measurements if measurements is not None else []
+    for step, n in enumerate(sizes, start=1):
+        progress(step, len(sizes) + 1, f"host time per call, {n} tensors: CPU native, then {len(CASES)} npu routes")
         cpu_dst, cpu_src = [torch.empty(numel) for _ in range(n)], [torch.rand(numel) for _ in range(n)]
-        cpu_us = _median_us(lambda d=cpu_dst, s=cpu_src: torch._foreach_copy_(d, s), reps)
+        cpu = _host_time(lambda d=cpu_dst, s=cpu_src: torch._foreach_copy_(d, s), reps, CPU_NATIVE, n)
+        kept.append(cpu)
         for label, (route, overrides, mode, src_device, non_blocking) in CASES.items():
             dst, src = _lists(n, numel, src_device)
             with npusim.use_profile("training_soc", **overrides), foreach_copy_mode(mode):
                 _check_route(dst, src, non_blocking, route)
-                npu_us = _median_us(lambda d=dst, s=src, nb=non_blocking: torch._foreach_copy_(d, s, non_blocking=nb),
-                                    reps)
-            rows.append(Row(label, n, npu_us, cpu_us))
+                npu = _host_time(lambda d=dst, s=src, nb=non_blocking: torch._foreach_copy_(d, s, non_blocking=nb),
+                                 reps, label, n)
+            kept.append(npu)
+            rows.append(Row(label, n, npu.median * 1e6, cpu.median * 1e6))
     return rows
 
 
@@ -108,15 +118,25 @@ class Throughput(NamedTuple):
     flat_gbps: float  # one copy_ of a flat tensor of the same bytes, call + synchronize
 
 
-def measure_throughput(total_mib: int, reps: int) -> list[Throughput]:
+THROUGHPUT_LABEL = "fast-path copy, call + synchronize"
+
+
+def measure_throughput(total_mib: int, min_run_time: float,
+                       measurements: list[benchmark.Measurement] | None = None) -> list[Throughput]:
+    """Fast path on 16 / 256 / 1024 tensors against one flat copy of ``total_mib``; appends the
+    Measurements behind them to ``measurements``."""
     nbytes = total_mib << 20
+    kept = measurements if measurements is not None else []
     flat_dst, flat_src = torch.empty(nbytes // 4, device="npu"), torch.rand(nbytes // 4, device="npu")
 
     def flat() -> None:
         flat_dst.copy_(flat_src)
-        torch.npu.synchronize()
+        torch.npu.synchronize()  # inside the timed statement: the copy is done
 
-    flat_us = _median_us(flat, reps)
+    sub = f"{total_mib} MiB"
+    kept.append(timed(flat, label=THROUGHPUT_LABEL, sub_label=sub, description="1 flat tensor",
+                      min_run_time=min_run_time))
+    flat_s = kept[-1].median
     results = []
     for n in (16, 256, 1024):
         dst, src = _lists(n, nbytes // 4 // n, "npu")
@@ -126,40 +146,44 @@ def measure_throughput(total_mib: int, reps: int) -> list[Throughput]:
             torch._foreach_copy_(d, s)
             torch.npu.synchronize()
 
-        foreach_us = _median_us(foreach, reps)
-        results.append(Throughput(n, nbytes, nbytes / foreach_us / 1e3, nbytes / flat_us / 1e3))
+        kept.append(timed(foreach, label=THROUGHPUT_LABEL, sub_label=sub, description=f"{n} tensors",
+                          min_run_time=min_run_time))
+        results.append(Throughput(n, nbytes, nbytes / kept[-1].median / 1e9, nbytes / flat_s / 1e9))
     return results
 
 
-def _plot(rows: list[Row], out: str) -> str:
-    try:
-        import matplotlib
+def _plot(rows: list[Row], throughput: list[Throughput], path: Path) -> None:
+    def draw(fig: Any) -> None:
+        ax, tx = fig.subplots(1, 2, gridspec_kw={"width_ratios": [3, 2]})
+        for label in CASES:
+            points = [(r.tensors, r.ratio) for r in rows if r.route == label]
+            ax.plot(*zip(*points, strict=True), marker="o", label=label)
+        ax.set(xscale="log", yscale="log", xlabel="tensors per call", ylabel="host time / CPU-native",
+               title="_foreach_copy_ host time on the simulated npu")
+        ax.axhline(1.0, color="grey", linewidth=0.8)
+        ax.legend(fontsize=8)
+        tx.bar([str(t.tensors) for t in throughput], [t.foreach_gbps for t in throughput], color="#4c72b0",
+               label="fast path")
+        tx.axhline(throughput[0].flat_gbps, color="#c44e52", linewidth=1.2, label="one flat copy")
+        tx.set(xlabel="tensors per call", ylabel="GB/s (call + synchronize)",
+               title=f"fast-path throughput, {throughput[0].nbytes >> 20} MiB")
+        tx.legend(fontsize=8)
 
-        matplotlib.use("Agg")
-        import matplotlib.pyplot as plt
-    except ImportError:
-        return "matplotlib is not installed (pip install 'npusim[plot]'): no plot written"
-    fig, ax = plt.subplots(figsize=(7, 4))
-    for label in CASES:
-        points = [(r.tensors, r.ratio) for r in rows if r.route == label]
-        ax.plot(*zip(*points, strict=True), marker="o", label=label)
-    ax.set(xscale="log", yscale="log", xlabel="tensors per call", ylabel="host time / CPU-native",
-           title="_foreach_copy_ host time on the simulated npu")
-    ax.axhline(1.0, color="grey", linewidth=0.8)
-    ax.legend(fontsize=8)
-    path = os.path.join(out, "foreach_copy.png")
-    fig.savefig(path, dpi=120, bbox_inches="tight")
-    plt.close(fig)
-    return f"plot written to {path}"
+    save_plot(path, draw, size=(11, 4))
 
 
 def run(args: argparse.Namespace) -> int:
     sizes = [int(s) for s in args.sizes.split(",") if s.strip()]
     torch.npu.set_device(0)
+    host: list[benchmark.Measurement] = []
     with npusim.timing.model(copy_gbps=args.copy_gbps):
-        rows = measure_host_time(sizes, args.numel, args.reps)
+        rows = measure_host_time(sizes, args.numel, args.reps, host)
     npusim.timing.set()  # throughput of the real copies
-    throughput = measure_throughput(args.throughput_mib, max(3, args.reps // 3))
+    progress(len(sizes) + 1, len(sizes) + 1, f"fast-path throughput, {args.throughput_mib} MiB, "
+             f"blocked_autorange {args.min_run_time:g} s each")
+    copies: list[benchmark.Measurement] = []
+    throughput = measure_throughput(args.throughput_mib, args.min_run_time, copies)
+    compare(host + copies)
 
     model = f"timing model copy_gbps={args.copy_gbps}" if args.copy_gbps else "timing model off"
     print(f"_foreach_copy_ host time per call, float32 tensors of {args.numel * 4} B, median of {args.reps}, "
@@ -168,16 +192,18 @@ def run(args: argparse.Namespace) -> int:
     for r in rows:
         print(f"{r.route:<30}{r.tensors:>8}{r.npu_us:>11.1f}{r.cpu_us:>15.1f}{r.ratio:>9.2f}")
     print()
-    print(f"fast-path throughput vs one flat copy of the same {args.throughput_mib} MiB (call + synchronize)")
+    print(f"fast-path throughput vs one flat copy of the same {args.throughput_mib} MiB (call + synchronize, "
+          f"blocked_autorange medians)")
     print(f"{'tensors':>8}{'foreach GB/s':>14}{'flat GB/s':>11}{'foreach/flat':>14}")
     for t in throughput:
         print(f"{t.tensors:>8}{t.foreach_gbps:>14.2f}{t.flat_gbps:>11.2f}{t.foreach_gbps / t.flat_gbps:>14.2f}")
 
-    os.makedirs(args.out, exist_ok=True)
-    with open(os.path.join(args.out, "foreach_copy.json"), "w") as f:
-        json.dump({"host_time": [r._asdict() for r in rows], "throughput": [t._asdict() for t in throughput],
-                   "numel": args.numel, "reps": args.reps,
-                   "copy_gbps": args.copy_gbps}, f, indent=1)
+    out = Path(args.out)
+    out.mkdir(parents=True, exist_ok=True)
+    (out / "foreach_copy.json").write_text(json.dumps(
+        {"host_time": [r._asdict() for r in rows], "throughput": [t._asdict() for t in throughput],
+         "numel": args.numel, "reps": args.reps, "copy_gbps": args.copy_gbps, "min_run_time": args.min_run_time},
+        indent=1))
     print()
-    print(_plot(rows, args.out))
+    _plot(rows, throughput, out / "foreach_copy.png")
     return 0

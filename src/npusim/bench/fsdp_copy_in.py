@@ -19,7 +19,9 @@ device copy takes simulated time and a host wait for it shows up. The
 configurations take turns step by step in one run, for fp32 and for bf16
 parameters (fp32 reduction). The two calls are timed by wrapping them in the
 rank processes for the duration of a step only; the wrappers and the patch are
-removed before the next step.
+removed before the next step. The ranks meet in collectives, so both run the
+same fixed number of steps; the per-step times become ``torch.utils.benchmark``
+Measurements afterwards for the Compare tables.
 """
 
 from __future__ import annotations
@@ -35,6 +37,7 @@ from typing import Any
 
 import torch
 
+from npusim.bench.report import bars, compare, figure_legend, measurement, progress, save_plot
 from npusim.testing.ranks import run_ranks
 
 CONFIGS = ("aligned", "legacy", "legacy + patch")
@@ -115,6 +118,9 @@ def _job(rank: int, world: int, args: argparse.Namespace) -> dict[str, Any]:
     samples: dict[str, list[dict[str, Any]]] = {f"{d}|{c}": [] for d in DTYPES for c in CONFIGS}
     with npusim.timing.model(copy_gbps=args.copy_gbps):
         for i in range(args.warmup + args.steps):
+            if rank == 0 and i in (0, args.warmup):
+                progress(2 if i == 0 else 3, 4, f"{args.warmup} warm-up steps" if i == 0 else
+                         f"{args.steps} measured steps, each: {' / '.join(DTYPES)} x {' / '.join(CONFIGS)}")
             for dtype in DTYPES:
                 model, opt = models[dtype]
                 for config in CONFIGS:
@@ -145,6 +151,8 @@ def run(args: argparse.Namespace) -> int:
     if args.warmup < 0 or args.steps < 1:
         raise SystemExit(f"bench fsdp-copy-in: expected --warmup >= 0 and --steps >= 1, got {args.warmup}, "
                          f"{args.steps}")
+    progress(1, 4, f"2 ranks: TinyTransformer dim={args.dim} blocks={args.blocks}, timing model "
+             f"copy_gbps={args.copy_gbps:g}")
     ranks = run_ranks(_job, args, name="bench fsdp-copy-in", backend="hccl", bind_device=False,
                       timeout=args.timeout, pg_timeout=args.timeout)
     rows = []
@@ -164,6 +172,12 @@ def run(args: argparse.Namespace) -> int:
                 base = row["total ms"]
             row["vs aligned"] = row["total ms"] / base
             rows.append(row)
+    progress(4, 4, "done")
+    compare([measurement([one[key] for one in ranks[0][f"{dtype}|{config}"]], label=label,
+                         sub_label=f"{dtype} parameters", description=config, num_threads=1)
+             for key, label in (("total", "all-gather copy-in host time per step, rank 0 of 2"),
+                                ("step", "step time, rank 0 of 2"))
+             for dtype in DTYPES for config in CONFIGS])
     print(f"FSDP2 all-gather copy-in host time per step, rank 0 of 2; TinyTransformer dim={args.dim} "
           f"blocks={args.blocks} seq={args.seq} batch={args.batch}, every block checkpointed; timing model "
           f"copy_gbps={args.copy_gbps:g}; median of {args.steps} steps after {args.warmup} warm-up, "
@@ -181,4 +195,22 @@ def run(args: argparse.Namespace) -> int:
     out.mkdir(parents=True, exist_ok=True)
     raw = {"args": {k: v for k, v in vars(args).items() if not k.startswith("_")}, "rows": rows, "ranks": ranks}
     (out / "fsdp-copy-in.json").write_text(json.dumps(raw, indent=2, default=str))
+    _plot(rows, f"FSDP2 all-gather copy-in, rank 0 of 2, timing model copy_gbps={args.copy_gbps:g}",
+          out / "fsdp-copy-in.png")
     return 0
+
+
+def _plot(rows: list[dict[str, Any]], title: str, path: Path) -> None:
+    def value(dtype: str, config: str, key: str) -> float:
+        return next(r[key] for r in rows if r["param dtype"] == dtype and r["config"] == config)
+
+    def draw(fig: Any) -> None:
+        copy_ax, step_ax = fig.subplots(1, 2)
+        for ax, key, xlabel in ((copy_ax, "total ms", "host ms per step in the two copy-in calls (median)"),
+                                (step_ax, "step ms", "step ms (median)")):
+            bars(ax, list(CONFIGS), {f"{d} parameters": [value(d, c, key) for c in CONFIGS] for d in DTYPES},
+                 xlabel=xlabel, legend=False)
+        fig.suptitle(title, fontsize=10, x=0.02, ha="left")
+        figure_legend(fig, copy_ax)
+
+    save_plot(path, draw, size=(11, 3))

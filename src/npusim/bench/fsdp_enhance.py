@@ -8,7 +8,9 @@ averaged over the steps after ``--warmup``: communication-buffer allocations
 per step, all-gathers per step (forward + backward), reduce-scatters per
 step, peak device memory (``torch.npu.max_memory_allocated`` over those
 steps, above what was allocated before the run) and median step time. Losses are checked identical across
-configurations before anything is reported.
+configurations before anything is reported. The ranks meet in collectives, so
+both run the same fixed number of steps; the per-step times become
+``torch.utils.benchmark`` Measurements afterwards for the Compare table.
 """
 
 from __future__ import annotations
@@ -19,10 +21,11 @@ import json
 import statistics
 import time
 from pathlib import Path
-from typing import NamedTuple
+from typing import Any, NamedTuple
 
 import torch
 
+from npusim.bench.report import bars, compare, figure_legend, measurement, progress, save_plot
 from npusim.testing.fsdp_harness import Setup
 from npusim.testing.ranks import run_ranks
 
@@ -43,6 +46,7 @@ class Row(NamedTuple):
     peak_mib: float
     step_ms: float
     losses: list[float]
+    step_times_s: list[float]  # the measured steps'
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
@@ -102,7 +106,7 @@ def _train(rank: int, args: argparse.Namespace, setup: Setup, reentrant: bool) -
     ag_fwd, ag_bwd, rs = (a - b for a, b in zip(counter.snapshot(), base_counts, strict=True))
     peak_mib = (torch.npu.max_memory_allocated(device) - base_bytes) / 2**20
     return Row("", reentrant, (allocations() - base_allocs) / n, (ag_fwd + ag_bwd) / n, rs / n, peak_mib,
-               statistics.median(times[args.warmup:]) * 1e3, losses)
+               statistics.median(times[args.warmup:]) * 1e3, losses, times[args.warmup:])
 
 
 def _job(rank: int, world: int, args: argparse.Namespace) -> list[Row]:
@@ -110,6 +114,9 @@ def _job(rank: int, world: int, args: argparse.Namespace) -> list[Row]:
     rows = []
     for reentrant in (False, True):
         for name, setup in CONFIGS.items():
+            if rank == 0:
+                progress(len(rows) + 2, 2 * len(CONFIGS) + 2, f"use_reentrant={reentrant}, {name}: "
+                         f"{args.warmup} warm-up + {args.steps - args.warmup} measured steps")
             rows.append(_train(rank, args, setup, reentrant)._replace(config=name))
     return rows
 
@@ -117,13 +124,20 @@ def _job(rank: int, world: int, args: argparse.Namespace) -> list[Row]:
 def run(args: argparse.Namespace) -> int:
     if not 0 <= args.warmup < args.steps:
         raise SystemExit(f"bench fsdp-enhance: expected 0 <= --warmup < --steps, got {args.warmup} and {args.steps}")
+    total = 2 * len(CONFIGS) + 2
+    progress(1, total, f"2 ranks: TinyTransformer dim={args.dim} blocks={args.blocks}, {len(CONFIGS)} "
+             f"configurations x use_reentrant False / True")
     # No backend named and no device bound, as before: the npu's default backend.
     rows = run_ranks(_job, args, name="bench fsdp-enhance", bind_device=False, timeout=args.timeout,
                      pg_timeout=args.timeout)[0]
+    progress(total, total, "done")
     for reentrant in (False, True):
         same = [r.losses for r in rows if r.use_reentrant == reentrant]
         if any(losses != same[0] for losses in same):
             raise RuntimeError(f"bench fsdp-enhance: losses differ across configurations (use_reentrant={reentrant})")
+    compare([measurement(r.step_times_s, label="FSDP2 step with enhancements, rank 0 of 2",
+                         sub_label=f"use_reentrant={r.use_reentrant}", description=r.config, num_threads=1)
+             for r in rows])
     print(f"FSDP2 enhancements: 2 ranks, TinyTransformer dim={args.dim} blocks={args.blocks} seq={args.seq} "
           f"batch={args.batch}, every block checkpointed, forward prefetch i -> i+1; "
           f"{args.steps - args.warmup} measured steps after {args.warmup} warm-up; losses identical in all rows")
@@ -137,4 +151,23 @@ def run(args: argparse.Namespace) -> int:
     out = Path(args.out)
     out.mkdir(parents=True, exist_ok=True)
     (out / "fsdp-enhance.json").write_text(json.dumps([r._asdict() for r in rows], indent=2))
+    _plot(rows, out / "fsdp-enhance.png")
     return 0
+
+
+def _plot(rows: list[Row], path: Path) -> None:
+    configs = list(CONFIGS)
+    panels = {"allocs_per_step": "communication buffers allocated / step", "all_gathers_per_step": "all-gathers / step",
+              "peak_mib": "peak device memory, MiB", "step_ms": "step ms (median)"}
+
+    def draw(fig: Any) -> None:
+        axes = fig.subplots(1, len(panels))
+        for ax, (key, xlabel) in zip(axes, panels.items(), strict=True):
+            series = {f"use_reentrant={flag}": [getattr(next(r for r in rows if r.config == c and
+                                                             r.use_reentrant == flag), key) for c in configs]
+                      for flag in (False, True)}
+            bars(ax, configs, series, xlabel=xlabel, legend=False)
+        fig.suptitle("FSDP2 enhancement layer, 2 ranks (rank 0)", fontsize=10, x=0.02, ha="left")
+        figure_legend(fig, axes[0])
+
+    save_plot(path, draw, size=(13, 3.2))

@@ -11,7 +11,10 @@ section 6: a ratio of things measured side by side in one run). A step is
 forward + backward + optimizer step, timed until its device work is done;
 the median over the steps after warm-up is reported, with the ratio npu/cpu.
 The losses of the two are compared every step, so both really train the same
-model on the same data.
+model on the same data. The ranks meet in collectives, so both run the same
+fixed number of steps and the per-step times become ``torch.utils.benchmark``
+Measurements afterwards (an adaptive ``blocked_autorange`` would run a
+different number of steps on each rank and deadlock).
 """
 
 from __future__ import annotations
@@ -25,6 +28,7 @@ from typing import Any
 
 import torch
 
+from npusim.bench.report import compare, measurement, measurement_bars, progress, save_plot
 from npusim.testing.ranks import run_ranks
 
 DEVICES = ("npu", "cpu")
@@ -85,6 +89,9 @@ def _job(rank: int, world: int, args: argparse.Namespace) -> dict[str, Any]:
     losses: dict[str, list[float]] = {d: [] for d in DEVICES}
     with npusim.timing.model(copy_gbps=args.copy_gbps):
         for i in range(args.warmup + args.steps):
+            if rank == 0 and i in (0, args.warmup):
+                progress(2 if i == 0 else 3, 4, f"{args.warmup} warm-up steps per device" if i == 0 else
+                         f"{args.steps} measured steps per device, npu and cpu taking turns")
             tokens = torch.randint(0, 8, (args.batch, 16), generator=gen)
             # Alternate which device goes first, so neither always runs right after the other.
             for d in DEVICES if i % 2 == 0 else DEVICES[::-1]:
@@ -100,6 +107,7 @@ def run(args: argparse.Namespace) -> int:
     if args.warmup < 0 or args.steps < 1:
         raise SystemExit(f"bench fsdp-step: expected --warmup >= 0 and --steps >= 1, got {args.warmup}, "
                          f"{args.steps}")
+    progress(1, 4, f"2 ranks: test Transformer n_layers={args.layers}, sharded on an npu mesh and a CPU mesh")
     # Unbound (no device_id) as before: the group has a gloo side for the CPU mesh.
     ranks = run_ranks(_job, args, name="bench fsdp-step", backend="cpu:gloo,npu:hccl", bind_device=False,
                       timeout=args.timeout, pg_timeout=args.timeout)
@@ -107,6 +115,11 @@ def run(args: argparse.Namespace) -> int:
     loss_diff = max(abs(a - b) for r in ranks for a, b in zip(r["losses"]["npu"], r["losses"]["cpu"], strict=True))
     if loss_diff > 1e-3:
         raise RuntimeError(f"bench fsdp-step: npu and cpu losses differ by {loss_diff:g}")
+    progress(4, 4, "done")
+    backends = {"npu": "npu + hccl", "cpu": "cpu + gloo"}
+    ms = [measurement(r["times_s"][d], label="FSDP2 step (forward+backward+SGD step)", sub_label=f"rank {rank}",
+                      description=backends[d], num_threads=1) for rank, r in enumerate(ranks) for d in DEVICES]
+    compare(ms)
     med = [{d: statistics.median(r["times_s"][d]) * 1e3 for d in DEVICES} for r in ranks]
     timing = f"copy_gbps={args.copy_gbps:g}" if args.copy_gbps else "off"
     print(f"FSDP2 step (forward+backward+SGD step), 2 ranks, test Transformer n_layers={args.layers} dim=16 "
@@ -124,5 +137,12 @@ def run(args: argparse.Namespace) -> int:
     raw = {"args": {k: v for k, v in vars(args).items() if not k.startswith("_")},
            "median_ms": med, "ratio_npu_cpu": ratios, "max_loss_diff": loss_diff, "ranks": ranks}
     (out / "fsdp-step.json").write_text(json.dumps(raw, indent=2, default=str))
+
+    def draw(fig: Any) -> None:
+        measurement_bars(fig.subplots(), ms, scale=1e3, unit="ms per step (median, interquartile whiskers)",
+                         title=f"FSDP2 step, test Transformer n_layers={args.layers}: npu/cpu "
+                               f"{ratios[0]:.2f} (rank 0), {ratios[1]:.2f} (rank 1)")
+
+    save_plot(out / "fsdp-step.png", draw, size=(8, 2.8))
     return 0
 

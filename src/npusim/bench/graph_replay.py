@@ -8,6 +8,11 @@ workers compete with the host for cores); end-to-end time adds the wait for
 the device. Two steps: a no-grad
 forward captured with ``torch.npu.graph``, and a forward+backward through
 ``torch.npu.make_graphed_callables``.
+
+Wall times are ``blocked_autorange`` medians after a warm-up (the host-time
+measurement drains the queue before and after); CPU time is fixed-size
+batches timed with ``time.thread_time`` (``report.repeated``), drained in
+between.
 """
 
 from __future__ import annotations
@@ -15,14 +20,16 @@ from __future__ import annotations
 import argparse
 import copy
 import json
-import statistics
 import time
 from collections.abc import Callable
 from pathlib import Path
+from typing import Any
 
 import torch
 from torch import nn
 from torch.utils import benchmark
+
+from npusim.bench.report import bars, compare, progress, repeated, save_plot, timed
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
@@ -32,24 +39,17 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--min-run-time", type=float, default=0.5, help="seconds per measurement")
 
 
-def _median_us(fn: Callable[[], object], min_run_time: float) -> float:
-    return benchmark.Timer(stmt="fn()", globals={"fn": fn}).blocked_autorange(min_run_time=min_run_time).median * 1e6
-
-
-def _median_cpu_us(fn: Callable[[], object], sync: Callable[[], None], calls: int = 50, repeats: int = 7) -> float:
-    """The host thread's CPU time per call (time.thread_time), median over batches.
+def _host_cpu(fn: Callable[[], object], sync: Callable[[], None], label: str, sub_label: str,
+              calls: int = 50, repeats: int = 7) -> benchmark.Measurement:
+    """The host thread's CPU time per call (time.thread_time), over batches of ``calls``.
 
     Fixed-size batches drained in between: a CPU-time budget would queue
     millions of replays, as a replay costs the host almost nothing.
     """
-    per_call = []
-    for _ in range(repeats):
-        start = time.thread_time()
-        for _ in range(calls):
-            fn()
-        per_call.append((time.thread_time() - start) / calls)
-        sync()
-    return statistics.median(per_call) * 1e6
+    m = repeated(fn, repeats=repeats, number=calls, setup=sync, clock=time.thread_time, warmup=False,
+                 label=label, sub_label=sub_label, description="host cpu")
+    sync()
+    return m
 
 
 def _model(width: int, layers: int) -> nn.Module:
@@ -60,12 +60,17 @@ def _model(width: int, layers: int) -> nn.Module:
     return nn.Sequential(*blocks).to("npu")
 
 
-def measure(width: int, batch: int, layers: int, min_run_time: float) -> list[dict[str, float | str]]:
+def measure(width: int, batch: int, layers: int, min_run_time: float,
+            measurements: list[benchmark.Measurement] | None = None) -> list[dict[str, float | str]]:
+    """One row per step (forward, fwd+bwd); appends the Measurements behind them to ``measurements``."""
     import npusim  # noqa: F401  (registers the npu device)
+
+    kept = measurements if measurements is not None else []
 
     sync = torch.npu.synchronize
     rows: list[dict[str, float | str]] = []
 
+    progress(1, 3, "forward captured with torch.npu.graph: eager vs replay, host / host cpu / end-to-end")
     model = _model(width, layers)
     x = torch.randn(batch, width, device="npu")
     with torch.no_grad():
@@ -75,8 +80,10 @@ def measure(width: int, batch: int, layers: int, min_run_time: float) -> list[di
         g.replay()
         sync()
         equal = torch.allclose(static_y.cpu(), model(x).cpu())
-        rows.append(_row("forward (torch.npu.graph)", g.num_tasks(), equal, min_run_time,
+        rows.append(_row("forward (torch.npu.graph)", g.num_tasks(), equal, min_run_time, kept,
                          eager=lambda: model(x), replay=g.replay, sync=sync))
+
+    progress(2, 3, "fwd+bwd through torch.npu.make_graphed_callables: eager vs replay")
 
     eager_model = _model(width, layers)
     graphed_model = torch.npu.make_graphed_callables(copy.deepcopy(eager_model), (x.clone().requires_grad_(),))
@@ -90,31 +97,53 @@ def measure(width: int, batch: int, layers: int, min_run_time: float) -> list[di
     sync()
     equal = all(torch.allclose(a.grad.cpu(), b.grad.cpu(), rtol=1e-4, atol=1e-6)
                 for a, b in zip(eager_model.parameters(), graphed_model.parameters(), strict=True))
-    rows.append(_row("fwd+bwd (make_graphed_callables)", 0, equal, min_run_time,
+    rows.append(_row("fwd+bwd (make_graphed_callables)", 0, equal, min_run_time, kept,
                      eager=step(eager_model), replay=step(graphed_model), sync=sync))
     return rows
 
 
-def _row(name: str, tasks: int, equal: bool, min_run_time: float, *, eager: Callable[[], object],
-         replay: Callable[[], object], sync: Callable[[], None]) -> dict[str, float | str]:
+def _row(name: str, tasks: int, equal: bool, min_run_time: float, kept: list[benchmark.Measurement], *,
+         eager: Callable[[], object], replay: Callable[[], object], sync: Callable[[], None]
+         ) -> dict[str, float | str]:
     def with_sync(fn: Callable[[], object]) -> Callable[[], None]:
-        return lambda: (fn(), sync())
+        return lambda: (fn(), sync())  # inside the timed statement: the device work is done
 
     # Host time: drain between measurements so that the queue does not grow without bound.
     row: dict[str, float | str] = {"step": name, "graph_tasks": tasks, "equal": str(equal)}
     for kind, fn in (("eager", eager), ("replay", replay)):
-        row[f"{kind}_host_us"] = _median_us(fn, min_run_time)
+        sub = f"{name}, {kind}"
+        kept.append(timed(fn, label="host time", sub_label=sub, description="host", min_run_time=min_run_time))
         sync()
-        row[f"{kind}_host_cpu_us"] = _median_cpu_us(fn, sync)
-        row[f"{kind}_e2e_us"] = _median_us(with_sync(fn), min_run_time)
+        row[f"{kind}_host_us"] = kept[-1].median * 1e6
+        kept.append(_host_cpu(fn, sync, "host time", sub))
+        row[f"{kind}_host_cpu_us"] = kept[-1].median * 1e6
+        kept.append(timed(with_sync(fn), label="host time", sub_label=sub, description="end-to-end",
+                          min_run_time=min_run_time))
+        row[f"{kind}_e2e_us"] = kept[-1].median * 1e6
     row["host_cpu_ratio"] = row["replay_host_cpu_us"] / row["eager_host_cpu_us"]  # type: ignore[operator]
     return row
 
 
+def _plot(rows: list[dict[str, Any]], title: str, path: Path) -> None:
+    def draw(fig: Any) -> None:
+        axes = fig.subplots(1, len(rows), squeeze=False)[0]
+        for ax, r in zip(axes, rows, strict=True):
+            kinds = {"host": "host", "host cpu": "host_cpu", "end-to-end": "e2e"}
+            bars(ax, list(kinds), {k: [r[f"{k}_{v}_us"] for v in kinds.values()] for k in ("eager", "replay")},
+                 xlabel="us per step (median)", title=f"{r['step']}: host cpu ratio {r['host_cpu_ratio']:.3f}")
+        fig.suptitle(title, fontsize=10)
+
+    save_plot(path, draw, size=(11, 3.2))
+
+
 def run(args: argparse.Namespace) -> int:
-    rows = measure(args.width, args.batch, args.layers, args.min_run_time)
-    print(f"MLP {args.layers}x Linear({args.width}, {args.width}) + ReLU, batch {args.batch}; "
-          f"medians, {torch.get_num_threads()} threads")
+    measurements: list[benchmark.Measurement] = []
+    rows = measure(args.width, args.batch, args.layers, args.min_run_time, measurements)
+    progress(3, 3, "done")
+    compare(measurements)
+    title = (f"MLP {args.layers}x Linear({args.width}, {args.width}) + ReLU, batch {args.batch}; "
+             f"medians, {torch.get_num_threads()} threads")
+    print(title)
     print(f"{'step':<34}{'host us':>16}{'host cpu us':>16}{'cpu ratio':>10}{'end-to-end us':>16}  equal")
     print(f"{'':<34}{'eager / replay':>16}{'eager / replay':>16}{'':>10}{'eager / replay':>16}")
     for r in rows:
@@ -124,4 +153,5 @@ def run(args: argparse.Namespace) -> int:
     out = Path(args.out)
     out.mkdir(parents=True, exist_ok=True)
     (out / "graph_replay.json").write_text(json.dumps({**vars(args), "rows": rows}, default=str, indent=1))
+    _plot(rows, title, out / "graph_replay.png")
     return 0 if all(r["equal"] == "True" for r in rows) else 1

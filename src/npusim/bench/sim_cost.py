@@ -27,10 +27,12 @@ import sys
 import time
 from collections.abc import Callable
 from pathlib import Path
-from typing import NamedTuple
+from typing import Any, NamedTuple
 
 import torch
 from torch.utils import benchmark
+
+from npusim.bench.report import compare, progress, save_plot, timed
 
 
 class Row(NamedTuple):
@@ -51,16 +53,11 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--skip-startup", action="store_true", help="skip the fresh-process start-up rows")
 
 
-def _progress(step: int, total: int, what: str) -> None:
-    print(f"[{step}/{total}] {what}", flush=True)
-
-
 def _median_us(fn: Callable[[], object], label: str, sub_label: str, description: str, min_run_time: float,
                num_threads: int = 1) -> benchmark.Measurement:
-    timer = benchmark.Timer(stmt="fn()", globals={"fn": fn}, label=label, sub_label=sub_label,
-                            description=description, num_threads=num_threads)
-    timer.timeit(3)  # warm-up: first-call paths, allocations
-    return timer.blocked_autorange(min_run_time=min_run_time)
+    # One thread unless told otherwise: the host-time rows measure one calling thread.
+    return timed(fn, label=label, sub_label=sub_label, description=description, min_run_time=min_run_time,
+                 num_threads=num_threads)
 
 
 def _foreach_copy_rows(n: int, min_run_time: float) -> tuple[Row, list[benchmark.Measurement]]:
@@ -161,26 +158,26 @@ def run(args: argparse.Namespace) -> int:
     rows: list[Row] = []
     measurements: list[benchmark.Measurement] = []
     for step, n in enumerate((1000, 10), start=1):
-        _progress(step, total, f"_foreach_copy_ fast path vs CPU native, {n} tensors")
+        progress(step, total, f"_foreach_copy_ fast path vs CPU native, {n} tensors")
         row, ms = _foreach_copy_rows(n, args.min_run_time)
         rows.append(row)
         measurements += ms
-    _progress(3, total, "per-op cost, a.add(b)")
+    progress(3, total, "per-op cost, a.add(b)")
     row, ms = _add_row(args.min_run_time)
     rows.append(row)
     measurements += ms
-    _progress(4, total, "demo model training step, default threads and 1 thread")
+    progress(4, total, "demo model training step, default threads and 1 thread")
     train_rows, ms = _train_rows(args.min_run_time)
     rows += train_rows
     measurements += ms
     startup = None
     if not args.skip_startup:
-        _progress(6, total, "fresh process: import npusim, first process group")
+        progress(6, total, "fresh process: import npusim, first process group")
         begin = time.perf_counter()
         startup = _startup_seconds()
         print(f"      (fresh process took {time.perf_counter() - begin:.1f} s)")
-    _progress(total, total, "done")
-    benchmark.Compare(measurements).print()
+    progress(total, total, "done")
+    compare(measurements)
     print(f"\n{'what':<52}{'npu':>10}{'cpu':>10}  unit{'npu/cpu':>9}{'goal':>7}")
     for r in rows:
         print(f"{r.what:<52}{r.npu:>10.2f}{r.cpu:>10.2f}  {r.unit:<4}{r.ratio:>9.2f}{'<=' + str(r.goal):>7}")
@@ -197,23 +194,15 @@ def run(args: argparse.Namespace) -> int:
 
 
 def _plot(rows: list[Row], path: Path) -> None:
-    try:
-        import matplotlib
+    def draw(fig: Any) -> None:
+        ax = fig.subplots()
+        names = [r.what for r in rows]
+        ax.barh(names, [r.ratio for r in rows], color="#4c72b0", label="npu / CPU (measured)")
+        ax.scatter([r.goal for r in rows], names, color="#c44e52", marker="|", s=400, label="goal")
+        ax.axvline(1.0, color="grey", lw=0.8)
+        ax.invert_yaxis()
+        ax.set_xlabel("npu / CPU (lower is better)")
+        ax.set_title("npusim: cost of the simulated npu next to CPU")
+        ax.legend(loc="lower right")
 
-        matplotlib.use("Agg")
-        import matplotlib.pyplot as plt
-    except ImportError:
-        print("matplotlib not installed: no plot")
-        return
-    fig, ax = plt.subplots(figsize=(8, 0.6 * len(rows) + 1.2))
-    names = [r.what for r in rows]
-    ax.barh(names, [r.ratio for r in rows], color="#4c72b0", label="npu / CPU (measured)")
-    ax.scatter([r.goal for r in rows], names, color="#c44e52", marker="|", s=400, label="goal")
-    ax.axvline(1.0, color="grey", lw=0.8)
-    ax.invert_yaxis()
-    ax.set_xlabel("npu / CPU (lower is better)")
-    ax.set_title("npusim: cost of the simulated npu next to CPU")
-    ax.legend(loc="lower right")
-    fig.tight_layout()
-    fig.savefig(path, dpi=110)
-    print(f"plot: {path}")
+    save_plot(path, draw, size=(8, 0.6 * len(rows) + 1.2))

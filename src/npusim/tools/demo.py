@@ -1,22 +1,27 @@
 """``python -m npusim demo``: npusim's main job, end to end on the simulated npu.
 
-Trains a small transformer on ``npu`` next to the same model on CPU, and shows
-what npusim adds: the route each ``_foreach_copy_`` call took (the aligned fast
-path is asynchronous whatever ``non_blocking`` says), stream asynchrony under
-the timing model, and device memory accounting.
+Trains a small transformer on ``npu`` next to the same model on CPU (steps taking
+turns), and shows what npusim adds: the route each ``_foreach_copy_`` call took
+(the aligned fast path is asynchronous whatever ``non_blocking`` says), stream
+asynchrony under the timing model, and device memory accounting.
 """
 
 from __future__ import annotations
 
 import argparse
 import copy
+import statistics
 import sys
 import time
+from collections.abc import Callable
 
 import torch
 from torch import nn
 
+from npusim.bench.report import interleaved
+
 VOCAB, SEQ = 64, 32
+WARMUP_STEPS = 2  # left out of the step-time ratio: first-call paths, allocations, autograd's device thread
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
@@ -42,13 +47,15 @@ def demo_model() -> nn.Module:
     return TinyTransformer(vocab=VOCAB, dim=64, heads=4, seq=SEQ, n_blocks=2, use_reentrant=None)
 
 
-def _train(model: nn.Module, device: str, steps: int) -> tuple[list[float], float]:
+def _trainer(model: nn.Module, device: str) -> tuple[Callable[[], None], list[float]]:
+    """One training step of ``model`` on ``device`` per call, and the list its losses go to; a step
+    ends with ``loss.item()``, which waits for the device."""
     model = model.to(device)
     opt = torch.optim.AdamW(model.parameters(), lr=1e-3)
     gen = torch.Generator().manual_seed(0)
-    losses = []
-    start = time.perf_counter()
-    for _ in range(steps):
+    losses: list[float] = []
+
+    def step() -> None:
         tokens = torch.randint(0, VOCAB, (8, SEQ), generator=gen)
         logits = model(tokens.to(device))
         loss = nn.functional.cross_entropy(logits.flatten(0, 1), tokens.roll(-1, 1).flatten().to(device))
@@ -56,7 +63,16 @@ def _train(model: nn.Module, device: str, steps: int) -> tuple[list[float], floa
         loss.backward()
         opt.step()
         losses.append(loss.item())
-    return losses, time.perf_counter() - start
+
+    return step, losses
+
+
+def _step_time_ratio(npu: list[float], cpu: list[float]) -> str:
+    """npu/cpu of the median step time after the warm-up steps (all steps when there are too few)."""
+    skip = WARMUP_STEPS if len(npu) > WARMUP_STEPS else 0
+    ratio = statistics.median(npu[skip:]) / statistics.median(cpu[skip:])
+    which = f"after {skip} warm-up steps" if skip else "no warm-up step left out (too few steps)"
+    return f"step time npu/cpu {ratio:.2f} (median of {len(npu) - skip} steps, {which})"
 
 
 def run(args: argparse.Namespace) -> int:
@@ -67,13 +83,15 @@ def run(args: argparse.Namespace) -> int:
           f"profile {npusim.get_profile().name}")
     torch.manual_seed(0)
     model = demo_model()
-    cpu_losses, cpu_s = _train(copy.deepcopy(model), "cpu", args.steps)
-    npu_losses, npu_s = _train(copy.deepcopy(model), "npu", args.steps)
+    cpu_step, cpu_losses = _trainer(copy.deepcopy(model), "cpu")
+    npu_step, npu_losses = _trainer(copy.deepcopy(model), "npu")
+    # Steps taking turns, so that the process's cold start and the machine's load hit both alike.
+    times = interleaved({"cpu": cpu_step, "npu": npu_step}, args.steps)
     print("\nstep  loss(cpu)   loss(npu)")
     for step, (a, b) in enumerate(zip(cpu_losses, npu_losses, strict=True)):
         print(f"{step:>4}  {a:9.5f}   {b:9.5f}")
     max_diff = max(abs(a - b) for a, b in zip(cpu_losses, npu_losses, strict=True))
-    print(f"max |loss difference| {max_diff:.2e}; step time npu/cpu {npu_s / cpu_s:.2f}")
+    print(f"max |loss difference| {max_diff:.2e}; {_step_time_ratio(times['npu'], times['cpu'])}")
 
     print("\n_foreach_copy_ routes (the call FSDP2 makes: default non_blocking=False)")
     srcs = [torch.randn(4096, device="npu") for _ in range(100)]
