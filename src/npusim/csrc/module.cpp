@@ -2,6 +2,7 @@
 // stream release the GIL: stream workers may need it to destroy tensors.
 #include "core_api.h"
 #include "device_hooks.h"
+#include "foreach_copy.h"
 #include "generator.h"
 #include "graph.h"
 #include "memory.h"
@@ -293,14 +294,37 @@ PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
 
   // ACL-like primitives for the operator layer
   m.attr("SINGLE_FOREACH_OP_TENSOR_COUNT") = npusim::kSingleForeachOpTensorCount;
-  m.def("launch_foreach_copy", &npusim::launch_foreach_copy, py::arg("dsts"), py::arg("srcs"),
-      py::arg("wait") = false, py::arg("timeout_s") = -1.0, release());
+  m.def("launch_foreach_copy",
+      [](const std::vector<at::Tensor>& dsts, const std::vector<at::Tensor>& srcs, bool wait, double timeout_s) {
+        return npusim::launch_foreach_copy(dsts, srcs, wait, timeout_s);
+      },
+      py::arg("dsts"), py::arg("srcs"), py::arg("wait") = false, py::arg("timeout_s") = -1.0, release());
   m.def("memcpy_batch", &npusim::memcpy_batch, py::arg("dsts"), py::arg("srcs"), py::arg("timeout_s") = -1.0,
       release());
   m.def("same_byte_layouts", &npusim::same_byte_layouts);
-  m.def("foreach_copy_fast", &npusim::foreach_copy_fast, release());
   m.def("dtype_mask", &npusim::dtype_mask);
   m.def("memcpy_batch_async", &npusim::memcpy_batch_async, release());
   m.def("can_use_fast_route", &npusim::can_use_fast_route);
   m.def("check_foreach_api_restrictions", &npusim::check_foreach_api_restrictions);
+
+  // the native _foreach_copy_ kernel (See Note [Native _foreach_copy_ kernel])
+  m.def("register_foreach_copy_kernel", &npusim::register_foreach_copy_kernel);
+  m.def("set_foreach_copy_profile", &npusim::set_foreach_copy_profile);
+  m.def("set_foreach_copy_legacy", &npusim::set_foreach_copy_legacy);
+  m.def("set_foreach_copy_traced", &npusim::set_foreach_copy_traced);
+  m.def("foreach_copy_mirror", [] {
+    const npusim::ForeachCopyMirror m = npusim::foreach_copy_mirror();
+    py::dict d;
+    d["kernel"] = m.kernel;
+    d["nd_out"] = m.nd_out;
+    d["fast_dtypes"] = m.fast_dtypes;
+    d["sync_timeout_s"] = m.sync_timeout_s;
+    d["legacy"] = m.legacy;
+    d["traced"] = m.traced;
+    return d;
+  });
+  m.def("foreach_copy_counts", [] {
+    const npusim::ForeachCopyCounts c = npusim::foreach_copy_counts();
+    return py::make_tuple(c.native, c.routed);
+  });
 }

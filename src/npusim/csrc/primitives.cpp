@@ -13,8 +13,7 @@
 namespace npusim {
 namespace {
 
-void check_pairs(const char* op, const std::vector<at::Tensor>& dsts,
-    const std::vector<at::Tensor>& srcs) {
+void check_pairs(const char* op, at::TensorList dsts, at::TensorList srcs) {
   TORCH_CHECK(!dsts.empty() && dsts.size() == srcs.size(), op,
       ": expected two non-empty lists of equal length, got ", dsts.size(), " and ", srcs.size());
 }
@@ -54,8 +53,8 @@ void raw_copy(const at::Tensor& dst, const at::Tensor& src) {
 }
 
 // One aclnnForeachCopy task: pairs [begin, end) of the lists.
-void launch_chunk(NpuStream& stream, const c10::Device device, const std::vector<at::Tensor>& dsts,
-    const std::vector<at::Tensor>& srcs, size_t begin, size_t end) {
+void launch_chunk(NpuStream& stream, const c10::Device device, at::TensorList dsts, at::TensorList srcs,
+    size_t begin, size_t end) {
   // Pairs with one byte layout (what the fast route guarantees) are copied as
   // raw byte spans; building CPU views for them would dominate the host cost.
   struct Span {
@@ -77,8 +76,10 @@ void launch_chunk(NpuStream& stream, const c10::Device device, const std::vector
     const size_t n = byte_size(d);
     nbytes += n;
     if (same_byte_layout(d, s)) {
-      if (n > 0 && d.data_ptr() != s.data_ptr()) {
-        spans.push_back(Span{d.data_ptr(), s.data_ptr(), n});
+      void* dst_ptr = d.data_ptr();
+      const void* src_ptr = s.const_data_ptr();
+      if (n > 0 && dst_ptr != src_ptr) {
+        spans.push_back(Span{dst_ptr, src_ptr, n});
       }
     } else {
       general.emplace_back(cpu_alias(d), cpu_alias(s));
@@ -98,8 +99,7 @@ void launch_chunk(NpuStream& stream, const c10::Device device, const std::vector
 
 }  // namespace
 
-int64_t launch_foreach_copy(const std::vector<at::Tensor>& dsts, const std::vector<at::Tensor>& srcs,
-    bool wait, double timeout_s) {
+int64_t launch_foreach_copy(at::TensorList dsts, at::TensorList srcs, bool wait, double timeout_s) {
   check_pairs("launch_foreach_copy", dsts, srcs);
   const c10::Device device = dsts[0].device();
   TORCH_CHECK(device.type() == kNpu, "launch_foreach_copy: expected npu tensors, got ", device);
@@ -162,20 +162,6 @@ int64_t dtype_mask(const std::vector<at::ScalarType>& dtypes) {
   return mask;
 }
 
-int64_t foreach_copy_fast(const std::vector<at::Tensor>& self, const std::vector<at::Tensor>& src, bool nd_out,
-    int64_t fast_dtypes, bool wait, double timeout_s) {
-  at::native::check_foreach_api_restrictions(self, src);
-  if (!nd_out || !at::native::can_use_fast_route(self, src)) {
-    return -1;
-  }
-  // can_use_fast_route puts every tensor on one device; that may be the host
-  // (a host-only dtype group of a mixed list), which the device kernel cannot copy.
-  if (src[0].device().type() != kNpu || ((fast_dtypes >> static_cast<int>(src[0].scalar_type())) & 1) == 0) {
-    return 0;
-  }
-  return launch_foreach_copy(self, src, wait, timeout_s);
-}
-
 bool can_use_fast_route(const std::vector<at::Tensor>& self, const std::vector<at::Tensor>& src) {
   return at::native::can_use_fast_route(self, src);
 }
@@ -185,7 +171,7 @@ void check_foreach_api_restrictions(
   at::native::check_foreach_api_restrictions(self, src);
 }
 
-void increment_version(const std::vector<at::Tensor>& tensors) {
+void increment_version(at::TensorList tensors) {
   for (const at::Tensor& t : tensors) {
     t.unsafeGetTensorImpl()->bump_version();
   }

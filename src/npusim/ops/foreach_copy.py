@@ -1,5 +1,10 @@
 """``aten::_foreach_copy_`` for the npu: the CUDA-aligned operator kernel (docs/SPEC.md 4.1, 4.2).
 
+The kernel registered for ``aten::_foreach_copy_`` is native (csrc/foreach_copy.cpp):
+it takes the fast route itself and hands every other call to :func:`foreach_copy_`,
+the routing below, as ``npusim::_foreach_copy_routed``; this module pushes the mode
+it reads. See Note [Native _foreach_copy_ kernel].
+
 Routing, per dtype group of the lists:
 
 - **fast**: one dtype, every tensor on one npu, dense, sizes and strides equal
@@ -69,6 +74,7 @@ def set_foreach_copy_mode(mode: str) -> str:
     global _mode
     if mode not in MODES:
         raise ValueError(f"npusim _foreach_copy_ mode: expected one of {MODES}, got {mode!r}")
+    acl.set_foreach_copy_legacy(mode == "legacy")  # the native kernel's mirror
     previous, _mode = _mode, mode
     return previous
 
@@ -164,9 +170,10 @@ def _group_by_src_dtype(self: list[torch.Tensor], src: list[torch.Tensor]
 
 
 def foreach_copy_(self: list[torch.Tensor], src: list[torch.Tensor], non_blocking: bool = False) -> None:
-    """The PrivateUse1 kernel of ``aten::_foreach_copy_(Tensor(a!)[] self, Tensor[] src,
-    bool non_blocking=False) -> ()``: same argument errors, results and version-counter
-    bumps (one per destination) as upstream; routes per docs/SPEC.md 4.1."""
+    """The routing of ``aten::_foreach_copy_(Tensor(a!)[] self, Tensor[] src, bool
+    non_blocking=False) -> ()`` on the npu, the kernel of ``npusim::_foreach_copy_routed``:
+    same argument errors, results and version-counter bumps (one per destination) as
+    upstream; routes per docs/SPEC.md 4.1."""
     profile = profiles.get_profile()
     if not profile.foreach_copy_kernel:
         # Upstream's slow kernel, which DO_COMPATIBILITY falls back to, begins with the same checks.
@@ -177,24 +184,10 @@ def foreach_copy_(self: list[torch.Tensor], src: list[torch.Tensor], non_blockin
             group = GroupRecord("compat", len(self), 0, non_blocking, None)
             _trace.emit(CallRecord((group,), non_blocking, _mode))
         return
-    # One native call for the common case: upstream's checks, PyTorch's predicate
-    # with the profile's flags and, when the route is fast, the launch.
-    if _profiler_enabled():
-        # Under torch.profiler each route is a range around its work: the Python path.
-        acl.check_foreach_api_restrictions(self, src)
-        fast_route = profile.nd_out and acl.can_use_fast_route(self, src)
-    else:
-        passed = True if _mode == "aligned" else non_blocking
-        chunks = acl.foreach_copy_fast(self, src, profile.nd_out, profile.fast_dtype_mask, not passed,
-                                       profile.sync_timeout_s)
-        if chunks > 0:
-            if _trace._active:
-                group = GroupRecord("fast", len(self), chunks, passed, src[0].dtype)
-                _trace.emit(CallRecord((group,), non_blocking, _mode))
-            return
-        fast_route = chunks == 0
+    acl.check_foreach_api_restrictions(self, src)
+    fast_route = profile.nd_out and acl.can_use_fast_route(self, src)
     # can_use_fast_route implies one dtype across both lists, so the common case
-    # needs no per-tensor dtype scan in Python.
+    # needs no per-tensor dtype scan.
     dtype = src[0].dtype
     if fast_route or all(s.dtype == dtype for s in src):
         route, chunks, passed = _process(self, src, non_blocking, profile, fast_route)
@@ -226,7 +219,13 @@ def foreach_copy(self: list[torch.Tensor], src: list[torch.Tensor], non_blocking
     return out
 
 
-# A PrivateUse1 kernel takes precedence over the CompositeExplicitAutograd slow kernel.
-_lib = torch.library.Library("aten", "IMPL")  # module-level: the registration lives as long as it does
-_lib.impl("_foreach_copy_", foreach_copy_, "PrivateUse1")
+# The native kernel's way into the routing. The op it calls and the mode it mirrors
+# exist before the kernel is registered (See Note [Native _foreach_copy_ kernel]).
+_routed = torch.library.Library("npusim", "FRAGMENT")  # module-level: the registrations live as long as they do
+_routed.define("_foreach_copy_routed(Tensor(a!)[] self, Tensor[] src, bool non_blocking=False) -> ()")
+_routed.impl("_foreach_copy_routed", foreach_copy_, "PrivateUse1")
+set_foreach_copy_mode(_mode)
+acl.register_foreach_copy_kernel()
+# A PrivateUse1 kernel takes precedence over the CompositeExplicitAutograd composite.
+_lib = torch.library.Library("aten", "IMPL")
 _lib.impl("_foreach_copy", foreach_copy, "PrivateUse1")

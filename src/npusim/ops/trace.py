@@ -6,8 +6,10 @@ Tests and benchmarks read which route each call took::
         torch._foreach_copy_(dsts, srcs)
     assert calls[0].groups[0].route == "fast"
 
-When no trace is active the kernel checks one module-level list and builds no
-records, so tracing costs nothing unless asked for.
+While a trace is active every call takes the Python routing, which builds the
+records, so a trace sees exactly the routes taken; the native kernel is told on
+entry and exit (See Note [Native _foreach_copy_ kernel] in csrc/foreach_copy.cpp).
+Without a trace no records are built: tracing costs nothing unless asked for.
 """
 
 from __future__ import annotations
@@ -17,6 +19,8 @@ from contextlib import contextmanager
 from typing import Literal, NamedTuple
 
 import torch
+
+from npusim.runtime import acl
 
 Route = Literal["fast", "batch", "slow", "compat"]
 
@@ -61,8 +65,10 @@ def trace_foreach_copy() -> Iterator[list[CallRecord]]:
     """Collects a ``CallRecord`` per ``_foreach_copy_`` call on the npu inside the block."""
     calls: list[CallRecord] = []
     _active.append(calls)
+    acl.set_foreach_copy_traced(True)
     try:
         yield calls
     finally:
         # By identity: two traces may hold equal lists.
         del _active[next(i for i, c in enumerate(_active) if c is calls)]
+        acl.set_foreach_copy_traced(bool(_active))

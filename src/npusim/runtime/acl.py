@@ -116,15 +116,26 @@ memcpy_batch: Callable[[TensorList, TensorList, float], None] = C.memcpy_batch
 memcpy_batch_async: Callable[[TensorList, TensorList], None] = C.memcpy_batch_async
 # Whether every pair has the same byte layout (host_transfer.h: same_byte_layout).
 same_byte_layouts: Callable[[TensorList, TensorList], bool] = C.same_byte_layouts
-# The op plugin's hot path in one call: (self, src, nd_out, fast dtype mask, wait, timeout_s) -> chunks when
-# the fast kernel ran, 0 when PyTorch's predicate holds but the kernel cannot take the lists, -1 when it does
-# not hold; upstream's argument checks run first (primitives.h: foreach_copy_fast).
-foreach_copy_fast: Callable[[TensorList, TensorList, bool, int, bool, float], int] = C.foreach_copy_fast
-# The ScalarType bit mask of a set of dtypes, for foreach_copy_fast.
+# The ScalarType bit mask of a set of dtypes: a profile's fast dtypes as the native kernel reads them.
 dtype_mask: Callable[[Sequence[torch.dtype]], int] = C.dtype_mask
 # PyTorch's own at::native::can_use_fast_route and check_foreach_api_restrictions.
 can_use_fast_route: Callable[[TensorList, TensorList], bool] = C.can_use_fast_route
 check_foreach_api_restrictions: Callable[[TensorList, TensorList], None] = C.check_foreach_api_restrictions
+
+# ---- the native aten::_foreach_copy_ kernel (csrc/foreach_copy.h) -----------
+
+# It takes the fast route itself and hands every other call to npusim::_foreach_copy_routed, deciding
+# from a mirror of the Python routing state that its owners push on each change.
+# See Note [Native _foreach_copy_ kernel] (csrc/foreach_copy.cpp).
+register_foreach_copy_kernel: Callable[[], None] = C.register_foreach_copy_kernel
+# (foreach_copy_kernel, nd_out, fast dtype mask, sync_timeout_s) of the current profile.
+set_foreach_copy_profile: Callable[[bool, bool, int, float], None] = C.set_foreach_copy_profile
+set_foreach_copy_legacy: Callable[[bool], None] = C.set_foreach_copy_legacy
+set_foreach_copy_traced: Callable[[bool], None] = C.set_foreach_copy_traced
+# The mirror as the kernel sees it: kernel, nd_out, fast_dtypes, sync_timeout_s, legacy, traced.
+foreach_copy_mirror: Callable[[], dict[str, Any]] = C.foreach_copy_mirror
+# Kernel calls so far: (fast route taken natively, handed to the Python routing).
+foreach_copy_counts: Callable[[], tuple[int, int]] = C.foreach_copy_counts
 
 
 # ---- observers (npusim.sanitizer; torch.profiler needs none, see csrc/trace.h) --

@@ -20,6 +20,7 @@ from contextlib import contextmanager
 import torch
 
 from npusim import config
+from npusim.runtime import acl
 
 _BASE_FAST_DTYPES = frozenset({
     torch.float32, torch.float16, torch.bfloat16, torch.int32, torch.int16, torch.int8, torch.uint8,
@@ -54,9 +55,7 @@ class Profile:
 
     @functools.cached_property
     def fast_dtype_mask(self) -> int:
-        """``fast_dtypes`` as the bit mask the native fast path takes (computed once per profile)."""
-        from npusim.runtime import acl
-
+        """``fast_dtypes`` as the bit mask the native kernel takes (computed once per profile)."""
         return acl.dtype_mask(sorted(self.fast_dtypes, key=str))
 
     def memcpy_batch_available(self, non_blocking: bool) -> bool:
@@ -110,7 +109,18 @@ def _from_env() -> Profile:
     return make_profile(config.env("NPUSIM_PROFILE"), **parse_overrides(config.env("NPUSIM_PROFILE_OVERRIDES")))
 
 
-_current: Profile = _from_env()
+def _activate(profile: Profile) -> Profile:
+    """Makes ``profile`` current; the only place ``_current`` changes, so the native
+    ``_foreach_copy_`` kernel's mirror of it never goes stale
+    (See Note [Native _foreach_copy_ kernel] in csrc/foreach_copy.cpp)."""
+    global _current
+    acl.set_foreach_copy_profile(profile.foreach_copy_kernel, profile.nd_out, profile.fast_dtype_mask,
+                                 profile.sync_timeout_s)
+    _current = profile
+    return profile
+
+
+_current: Profile = _activate(_from_env())
 
 
 def get_profile() -> Profile:
@@ -119,17 +129,14 @@ def get_profile() -> Profile:
 
 def set_profile(name: str | Profile = DEFAULT, **overrides: object) -> Profile:
     """Selects a preset (or a Profile) with per-flag overrides; returns it."""
-    global _current
-    _current = make_profile(name, **overrides)
-    return _current
+    return _activate(make_profile(name, **overrides))
 
 
 @contextmanager
 def use_profile(name: str | Profile = DEFAULT, **overrides: object) -> Iterator[Profile]:
     """Temporarily selects a profile."""
-    global _current
     previous = _current
     try:
         yield set_profile(name, **overrides)
     finally:
-        _current = previous
+        _activate(previous)

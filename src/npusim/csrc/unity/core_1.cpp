@@ -8,6 +8,7 @@
 #include "../record_stream.cpp"
 #include "../trace.cpp"
 #include "../primitives.cpp"
+#include "../foreach_copy.cpp"
 #include "../autocast.cpp"
 #include "../zero_tensor.cpp"
 #include "../module.cpp"
