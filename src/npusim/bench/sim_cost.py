@@ -10,7 +10,8 @@ table (docs/BENCHMARKS.md), with ``torch.utils.benchmark`` (warm-up,
   stream worker runs them meanwhile, as a device would;
 - the per-op cost of ``a.add(b)`` on 64 floats;
 - a training step of the demo model (TinyTransformer, dim 64) with the
-  default number of threads and with one;
+  default number of threads and with one; npu and CPU steps take turns (which
+  goes first alternates) and the medians become Measurements for Compare;
 - the first ``import npusim`` and the first process group of a fresh process.
 
 The FSDP2 step (npu+hccl vs CPU+gloo) has its own benchmark, ``bench fsdp-step``.
@@ -32,6 +33,7 @@ from typing import Any, NamedTuple
 import torch
 from torch.utils import benchmark
 
+from npusim.bench import report
 from npusim.bench.report import compare, progress, save_plot, timed
 
 
@@ -112,14 +114,21 @@ def _train_step_fn(device: str) -> Callable[[], float]:
 
 
 def _train_rows(min_run_time: float) -> tuple[list[Row], list[benchmark.Measurement]]:
+    """The demo model's training step on npu and CPU, the two taking turns step by step (which
+    goes first alternates), so that both see the same machine load; medians after warm-up."""
     rows, measurements = [], []
     default_threads = torch.get_num_threads()
     for threads in sorted({default_threads, 1}, reverse=True):
-        npu_step, cpu_step = _train_step_fn("npu"), _train_step_fn("cpu")
-        sub = f"TinyTransformer dim 64, {threads} thread(s)"
-        npu = _median_us(npu_step, "training step", sub, "npu", min_run_time, num_threads=threads)
-        cpu = _median_us(cpu_step, "training step", sub, "CPU", min_run_time, num_threads=threads)
+        torch.set_num_threads(threads)
+        steps = {"npu": _train_step_fn("npu"), "CPU": _train_step_fn("cpu")}
+        start = time.perf_counter()
+        report.interleaved(steps, steps=3)  # warm-up, and the time one round takes
+        rounds = max(10, int(min_run_time / ((time.perf_counter() - start) / 3)))
+        times = report.interleaved(steps, steps=rounds)
         torch.set_num_threads(default_threads)
+        sub = f"TinyTransformer dim 64, {threads} thread(s)"
+        npu, cpu = (report.measurement(times[d], label="training step", sub_label=sub, description=d,
+                                       num_threads=threads) for d in ("npu", "CPU"))
         rows.append(Row(f"demo model training step, {threads} thread(s)", npu.median * 1e3, cpu.median * 1e3,
                         "ms", 1.1))
         measurements += [npu, cpu]
