@@ -37,13 +37,28 @@ def test_copy_into_expanded_destination_raises_at_call_time(direction, non_block
 
 def test_asynchronous_failure_names_stream_and_op_without_backtrace():
     """A copy task that fails on the stream reports the op and the stream, and only the message."""
-    dst = torch.empty(4, dtype=torch.bits8, device="npu")
+    numel = 128 * 1024  # over the 64 KiB that the caller copies itself (Note [Work on an idle stream])
+    dst = torch.empty(numel, dtype=torch.bits8, device="npu")
+    torch.npu.synchronize()
     with pytest.raises(RuntimeError) as err:
-        dst.copy_(torch.randn(4))
+        dst.copy_(torch.randn(numel))
         torch.npu.synchronize()
     message = str(err.value)
-    assert "npu:0 stream 0 (default)" in message and "copy_h2d failed" in message
+    assert "npusim: asynchronous work on npu:0 stream 0 (default)" in message and "copy_h2d failed" in message
     assert "frame #" not in message and "Exception raised from" not in message
+
+
+def test_failure_of_a_copy_done_by_the_caller_names_stream_and_op_at_the_call():
+    """A small copy on an idle stream runs in the call (Note [Work on an idle stream]): its failure raises there,
+    naming the op and the stream as a task's would, and the stream has nothing pending to report later."""
+    dst = torch.empty(4, dtype=torch.bits8, device="npu")
+    torch.npu.synchronize()
+    with pytest.raises(RuntimeError) as err:
+        dst.copy_(torch.randn(4))
+    message = str(err.value)
+    assert message.startswith("npusim: copy_h2d on npu:0 stream 0 (default) failed: ")
+    assert "frame #" not in message and "Exception raised from" not in message
+    torch.npu.synchronize()  # nothing failed asynchronously
 
 
 @pytest.mark.parametrize("make", [

@@ -112,6 +112,16 @@ bool copy_on_the_host_now(const NpuStream& stream, size_t nbytes) {
   return nbytes <= kHostCopyMaxBytes && copy_task_us(nbytes) == 0.0 && done_on_the_host_now(stream);
 }
 
+// The copy a task would have made, made now by the caller; a failure names the
+// op and the stream as the task's would, but raises at the call.
+void copy_now(const NpuStream& stream, const char* op, const at::Tensor& dst, const at::Tensor& src) {
+  try {
+    host_copy(dst, src);
+  } catch (const c10::Error& e) {
+    TORCH_CHECK(false, "npusim: ", op, " on ", stream.name(), " failed: ", e.what_without_backtrace());
+  }
+}
+
 }  // namespace
 
 // Copies between npu and host or between npu devices, with the semantics of
@@ -152,7 +162,7 @@ at::Tensor copy_from(const at::Tensor& src, const at::Tensor& dst, bool non_bloc
       }
       at::assert_no_partial_overlap(dst, src);
       if (copy_on_the_host_now(src_stream, nbytes)) {
-        host_copy(dst_alias, src_alias);
+        copy_now(src_stream, "copy_d2d", dst_alias, src_alias);
         return dst;
       }
       src_stream.enqueue([dst_alias, src_alias] { host_copy(dst_alias, src_alias); },
@@ -172,7 +182,8 @@ at::Tensor copy_from(const at::Tensor& src, const at::Tensor& dst, bool non_bloc
   // host <-> device, on the current stream of the npu side
   NpuStream& stream = current_stream((dst_npu ? dst : src).device().index());
   if (copy_on_the_host_now(stream, nbytes)) {
-    host_copy(dst_alias, cpu_alias(src));  // done before the call returns: no staging needed
+    // Done before the call returns: no staging needed.
+    copy_now(stream, dst_npu ? "copy_h2d" : "copy_d2h", dst_alias, cpu_alias(src));
     return dst;
   }
   at::Tensor src_alias = dst_npu && non_blocking ? stage_pageable_sources({src})[0] : cpu_alias(src);
