@@ -15,8 +15,8 @@ CSRC = Path(__file__).parent / "csrc"
 # the npusim package (npusim.npusim_C, npusim.npusim_dist_C).
 EXTENSIONS: dict[str, tuple[str, ...]] = {
     "npusim_C": ("runtime.cpp", "memory.cpp", "device_hooks.cpp", "host_transfer.cpp", "aten_ops.cpp",
-                 "fallback.cpp", "primitives.cpp", "autocast.cpp", "graph.cpp", "host_allocator.cpp",
-                 "generator.cpp", "random_ops.cpp", "cuda_semantics.cpp",
+                 "fallback.cpp", "fallback_routes.cpp", "primitives.cpp", "autocast.cpp", "graph.cpp",
+                 "host_allocator.cpp", "generator.cpp", "random_ops.cpp", "cuda_semantics.cpp",
                  "record_stream.cpp", "trace.cpp", "zero_tensor.cpp", "module.cpp"),
     "npusim_dist_C": ("distributed/comm_stream.cpp", "distributed/work.cpp", "distributed/backend.cpp",
                       "distributed/module.cpp"),
