@@ -198,6 +198,7 @@ void register_device() {
     at::RegisterPrivateUse1HooksInterface(&hooks);
     static c10::impl::DeviceGuardImplRegistrar guard_registrar(kNpu, new NpuGuardImpl());
     c10::SetAllocator(kNpu, device_allocator());
+    install_cpu_allocator();  // See Note [CPU kernels allocate device memory].
   });
 }
 

@@ -1,8 +1,12 @@
 // The boxed CPU fallback (fallback.cpp), for kernels that adjust an op's
-// arguments and then run CPU's kernel on the device memory.
+// arguments and then run CPU's kernel on the device memory, and the routing
+// of structured ops to it (fallback_routes.cpp).
 #pragma once
 
 #include <ATen/core/dispatch/Dispatcher.h>
+
+#include <map>
+#include <string>
 
 namespace npusim {
 
@@ -15,5 +19,13 @@ void npu_fallback(const c10::OperatorHandle& op, torch::jit::Stack* stack);
 // Whether a schema argument is a `Generator?`: the fallback and graph capture
 // give random ops the npu generator's stream there.
 bool is_optional_generator(const c10::Argument& arg);
+
+// Registers the fallback as the npu kernel of every aten op whose npu slot
+// would otherwise hold a CompositeExplicitAutogradNonFunctional kernel (see
+// Note [Structured ops go straight to the fallback]): npu_fallback itself, or
+// for the hottest an unboxed kernel over the same FallbackCall (Note
+// [Unboxed fallback kernels]). Idempotent; returns the routed ops' names
+// ("aten::add.Tensor"), each with "unboxed" or "boxed".
+std::map<std::string, std::string> route_structured_ops_to_fallback();
 
 }  // namespace npusim

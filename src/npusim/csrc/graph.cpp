@@ -389,6 +389,10 @@ c10::DataPtr allocate_for_capture(c10::DeviceIndex device, size_t nbytes) {
   return capture->pool->allocate(device, nbytes);
 }
 
+bool graph_capture_underway() {
+  return g_captures_underway.load(std::memory_order_acquire) != 0;
+}
+
 bool capture_fallback_op(const c10::OperatorHandle& op, torch::jit::Stack* stack) {
   if (g_captures_underway.load(std::memory_order_acquire) == 0) {
     return false;

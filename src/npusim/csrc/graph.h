@@ -36,6 +36,9 @@ c10::DataPtr allocate_for_capture(c10::DeviceIndex device, size_t nbytes);
 // (outputs from the op's meta shapes, in the pool) and leaves the outputs on
 // the stack. False (stack untouched) when that stream is not capturing.
 bool capture_fallback_op(const c10::OperatorHandle& op, torch::jit::Stack* stack);
+// Whether any stream is being captured (the unboxed fallback kernels then
+// take the boxed route, which capture_fallback_op can record).
+bool graph_capture_underway();
 
 // ---- the graph --------------------------------------------------------------
 

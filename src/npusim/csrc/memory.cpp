@@ -6,6 +6,7 @@
 #include "graph.h"
 #include "trace.h"
 
+#include <c10/core/CPUAllocator.h>
 #include <c10/core/CachingDeviceAllocator.h>
 #include <c10/util/Exception.h>
 
@@ -16,7 +17,9 @@
 #include <cstring>
 #include <map>
 #include <sstream>
+#include <unordered_map>
 #include <unordered_set>
+#include <utility>
 
 namespace npusim {
 
@@ -46,8 +49,29 @@ namespace npusim {
 // max_split_size, serves any request within 20 MiB below it, as on CUDA).
 // Over capacity the cache is returned to the host and the allocation retried
 // (num_alloc_retries), then the device is synchronized and retried once more,
-// then OutOfMemoryError. Memory produced by CPU kernels (the fallback's
-// fresh outputs) is accounted but never cached: the CPU allocator owns it.
+// then OutOfMemoryError. Memory that a CPU kernel allocated outside the
+// caching allocator (see Note [CPU kernels allocate device memory]) is
+// adopted: accounted, but never cached, since the CPU allocator owns it.
+
+// Note [CPU kernels allocate device memory]
+// The fallback runs PyTorch's CPU kernels on device memory, and their fresh
+// outputs (and temporaries) are allocated with the CPU allocator. Rather than
+// adopting that host memory after the kernel (a host malloc, a segment that
+// is never cached, a host free at release, and statistics unlike CUDA's:
+// reserved memory that drops with every free), npusim installs a CPU
+// allocator that forwards to PyTorch's own except while a CpuAllocationsOnDevice
+// scope is active on the calling thread: then allocations come from the
+// device's caching allocator, on the current stream, exactly as the npu
+// output of a device kernel would (rounded, cached, counted in allocated and
+// reserved, visible in snapshots). While the CPU kernel holds such a block
+// ("lent") its DataPtr says CPU and has the pointer as its context, because
+// Allocator::raw_allocate insists on that (oneDNN's bf16 matmul uses it);
+// the deleter names the device and the pool's map of segments finds the
+// block. as_device_memory turns a lent block back into an ordinary npu
+// allocation; a temporary the kernel drops is freed like any npu block.
+// Worker threads of the kernel (at::parallel_for) do not see the scope and
+// allocate host memory, which the fallback then adopts. Nothing else changes
+// for CPU code: outside a scope the CPU allocator's own memory comes back.
 
 namespace {
 
@@ -98,7 +122,9 @@ struct DevicePool {
   c10::CachingDeviceAllocator::DeviceStats stats;
   std::multimap<std::pair<c10::StreamId, size_t>, Block*> cached;
   std::vector<PendingFree> pending;
-  std::unordered_set<Block*> blocks;  // every live segment, for snapshots
+  // Every live segment by address: for snapshots, and to find the block of
+  // memory lent to a CPU kernel (Note [CPU kernels allocate device memory]).
+  std::unordered_map<const void*, Block*> blocks;
   std::deque<TraceEntry> trace;
   std::atomic<int64_t> capacity{-1};
   std::atomic<double> fraction{1.0};
@@ -122,14 +148,16 @@ void bump_peak(std::atomic<int64_t>& peak, int64_t value) {
   }
 }
 
-void update(StatArray& stat, size_t block_size, int64_t amount) {
-  const size_t pool = block_size < kSmallSize ? 1 : 2;
-  for (size_t i : {static_cast<size_t>(0), pool}) {
-    if (amount >= 0) {
-      stat[i].increase(static_cast<size_t>(amount));
-    } else {
-      stat[i].decrease(static_cast<size_t>(-amount));
-    }
+// The aggregate and the block's pool (small or large); several per
+// allocation and free, so written out rather than looped.
+inline void update(StatArray& stat, size_t block_size, int64_t amount) {
+  auto& pool = stat[block_size < kSmallSize ? 1 : 2];
+  if (amount >= 0) {
+    stat[0].increase(static_cast<size_t>(amount));
+    pool.increase(static_cast<size_t>(amount));
+  } else {
+    stat[0].decrease(static_cast<size_t>(-amount));
+    pool.decrease(static_cast<size_t>(-amount));
   }
 }
 
@@ -176,7 +204,7 @@ void release_locked(DevicePool& p, Block* b) {
   }
   p.stats.num_device_free += 1;
   trace_locked(p, "segment_free", *b);
-  p.blocks.erase(b);
+  p.blocks.erase(b->ptr);
   if (b->adopted) {
     b->adopted.clear();
   } else {
@@ -341,6 +369,10 @@ void account_allocated_locked(DevicePool& p, Block* b, size_t requested, bool wa
   trace_locked(p, "alloc", *b);
 }
 
+// The device whose caching allocator serves this thread's CPU allocations
+// (-1: none); see Note [CPU kernels allocate device memory].
+thread_local c10::DeviceIndex tls_cpu_allocations_device = -1;
+
 // Reports an allocation or free to torch.profiler and the sanitizer. Called
 // without the pool lock: the sanitizer's observer takes the GIL, and a thread
 // holding the GIL may be waiting for the pool lock (a deadlock seen in FSDP2).
@@ -360,7 +392,7 @@ void account_segment_locked(DevicePool& p, Block* b) {
     p.stats.oversize_segments.increase(1);
   }
   p.stats.num_device_alloc += 1;
-  p.blocks.insert(b);
+  p.blocks.emplace(b->ptr, b);
   trace_locked(p, "segment_alloc", *b);
 }
 
@@ -392,11 +424,9 @@ void free_pinned(void* ctx) {
   delete b;
 }
 
-void free_block(void* ctx) {
-  auto* b = static_cast<Block*>(ctx);
-  auto fences = pending_stream_fences();
-  DevicePool& p = g_pools[b->device];
-  std::unique_lock<std::mutex> lock(p.mutex);
+// Frees allocation `b` of pool `p` (locked by `lock`); `fences` are the
+// streams with unfinished work at the time of the free.
+void free_locked(DevicePool& p, Block* b, std::vector<Fence> fences, std::unique_lock<std::mutex>& lock) {
   for (c10::StreamId id : b->recorded) {
     const NpuStream& s = stream_for(b->device, id);
     const uint64_t enqueued = s.enqueued();
@@ -419,6 +449,75 @@ void free_block(void* ctx) {
     g_pending_count.fetch_add(1);
   }
   report_memory(p, ptr, -size, device, lock);
+}
+
+void free_block(void* ctx) {
+  auto* b = static_cast<Block*>(ctx);
+  auto fences = pending_stream_fences();
+  DevicePool& p = g_pools[b->device];
+  std::unique_lock<std::mutex> lock(p.mutex);
+  free_locked(p, b, std::move(fences), lock);
+}
+
+// ---- memory lent to CPU kernels ------------------------------------------------
+
+// Blocks handed to a CPU kernel and not yet claimed back by as_device_memory
+// nor freed: while there are none, a raw_deallocate of host memory looks
+// nowhere else.
+std::atomic<int64_t> g_lent_blocks{0};
+c10::DeleterFnPtr g_host_raw_deleter = nullptr;
+
+// A lent block's DataPtr has the pointer as its context (raw_allocate,
+// which oneDNN's bf16 matmul uses, insists on it); the deleter says the
+// device, the pool's map of segments finds the block.
+void free_lent(c10::DeviceIndex device, void* ptr) {
+  auto fences = pending_stream_fences();
+  DevicePool& p = g_pools[device];
+  std::unique_lock<std::mutex> lock(p.mutex);
+  Block* b = p.blocks.at(ptr);
+  g_lent_blocks.fetch_sub(1, std::memory_order_relaxed);
+  free_locked(p, b, std::move(fences), lock);
+}
+
+template <size_t D>
+void free_lent_on(void* ptr) {
+  free_lent(static_cast<c10::DeviceIndex>(D), ptr);
+}
+
+template <size_t... D>
+constexpr std::array<c10::DeleterFnPtr, sizeof...(D)> lent_deleters(std::index_sequence<D...>) {
+  return {&free_lent_on<D>...};
+}
+constexpr std::array<c10::DeleterFnPtr, kMaxDevices> kLentDeleters =
+    lent_deleters(std::make_index_sequence<kMaxDevices>());
+
+// The device of a lent block's DataPtr, or -1.
+c10::DeviceIndex lent_device(const c10::DataPtr& data) {
+  for (size_t d = 0; d < kLentDeleters.size(); ++d) {
+    if (data.get_deleter() == kLentDeleters[d]) {
+      return static_cast<c10::DeviceIndex>(d);
+    }
+  }
+  return -1;
+}
+
+void raw_free_cpu(void* ptr) {
+  if (g_lent_blocks.load(std::memory_order_relaxed) > 0) {
+    for (int d = 0; d < device_count(); ++d) {
+      DevicePool& p = g_pools[d];
+      bool lent = false;
+      {
+        std::lock_guard<std::mutex> lock(p.mutex);
+        auto it = p.blocks.find(ptr);
+        lent = it != p.blocks.end() && it->second->allocated && !it->second->adopted;
+      }
+      if (lent) {
+        free_lent(static_cast<c10::DeviceIndex>(d), ptr);
+        return;
+      }
+    }
+  }
+  g_host_raw_deleter(ptr);
 }
 
 void* raw_alloc(size_t nbytes) {
@@ -464,6 +563,33 @@ class DeviceAllocator final : public c10::DeviceAllocator {
   std::pair<size_t, size_t> getMemoryInfo(c10::DeviceIndex device) override {
     return memory_info(device);
   }
+};
+
+// PyTorch's CPU allocator, except inside a CpuAllocationsOnDevice scope; see
+// Note [CPU kernels allocate device memory].
+class CpuAllocator final : public c10::Allocator {
+ public:
+  explicit CpuAllocator(c10::Allocator* host) : host_(host) {}
+  c10::DataPtr allocate(size_t nbytes) override {
+    const c10::DeviceIndex device = tls_cpu_allocations_device;
+    if (device < 0 || nbytes == 0) {
+      return host_->allocate(nbytes);
+    }
+    c10::DataPtr block = allocate_device(device, nbytes);
+    void* const ptr = block.get();
+    block.release_context();  // the pool's map of segments knows the block
+    g_lent_blocks.fetch_add(1, std::memory_order_relaxed);
+    return c10::DataPtr(ptr, ptr, kLentDeleters[device], c10::Device(c10::DeviceType::CPU));
+  }
+  c10::DeleterFnPtr raw_deleter() const override {
+    return g_host_raw_deleter == nullptr ? nullptr : &raw_free_cpu;
+  }
+  void copy_data(void* dest, const void* src, std::size_t count) const override {
+    std::memcpy(dest, src, count);
+  }
+
+ private:
+  c10::Allocator* const host_;
 };
 
 class PinnedAllocator final : public c10::Allocator {
@@ -533,6 +659,46 @@ c10::DataPtr allocate_device(c10::DeviceIndex device, size_t nbytes) {
   account_allocated_locked(p, b, nbytes, was_active);
   report_memory(p, b->ptr, static_cast<int64_t>(b->size), device, lock);
   return c10::DataPtr(b->ptr, b, &free_block, dev);
+}
+
+CpuAllocationsOnDevice::CpuAllocationsOnDevice(c10::DeviceIndex device)
+    : saved_(tls_cpu_allocations_device) {
+  tls_cpu_allocations_device = device;
+}
+
+CpuAllocationsOnDevice::~CpuAllocationsOnDevice() {
+  tls_cpu_allocations_device = saved_;
+}
+
+void install_cpu_allocator() {
+  static std::once_flag once;
+  std::call_once(once, [] {
+    c10::Allocator* host = c10::GetCPUAllocator();
+    g_host_raw_deleter = host->raw_deleter();
+    static CpuAllocator allocator(host);
+    c10::SetCPUAllocator(&allocator);
+  });
+}
+
+c10::DataPtr as_device_memory(c10::DataPtr&& cpu, size_t nbytes, c10::DeviceIndex device) {
+  const c10::DeviceIndex lent = lent_device(cpu);
+  if (lent >= 0) {
+    // A block of the caching allocator lent to the CPU kernel: it becomes an
+    // ordinary npu allocation again.
+    void* const ptr = cpu.get();
+    cpu.release_context();
+    Block* b = nullptr;
+    {
+      std::lock_guard<std::mutex> lock(g_pools[lent].mutex);
+      b = g_pools[lent].blocks.at(ptr);
+    }
+    g_lent_blocks.fetch_sub(1, std::memory_order_relaxed);
+    return c10::DataPtr(ptr, b, &free_block, c10::Device(c10::DeviceType::PrivateUse1, lent));
+  }
+  if (cpu.get() == nullptr) {
+    return c10::DataPtr(nullptr, c10::Device(c10::DeviceType::PrivateUse1, device));  // nothing to account
+  }
+  return adopt_as_device(std::move(cpu), nbytes, device);
 }
 
 c10::DataPtr adopt_as_device(c10::DataPtr&& cpu, size_t nbytes, c10::DeviceIndex device) {
@@ -728,7 +894,7 @@ std::vector<SegmentSnapshot> memory_snapshot() {
     for (const auto& free : p.pending) {
       pending.insert(free.block);
     }
-    for (const Block* b : p.blocks) {
+    for (const auto& [address, b] : p.blocks) {
       SegmentSnapshot s;
       s.device = static_cast<c10::DeviceIndex>(d);
       s.address = reinterpret_cast<uintptr_t>(b->ptr);

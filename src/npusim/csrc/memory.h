@@ -23,6 +23,25 @@ c10::DataPtr allocate_device(c10::DeviceIndex device, size_t nbytes);
 // Takes ownership of host memory produced by a CPU kernel and accounts it
 // as device memory of `device` (raises OutOfMemoryError over capacity).
 c10::DataPtr adopt_as_device(c10::DataPtr&& cpu, size_t nbytes, c10::DeviceIndex device);
+// Memory that a CPU kernel produced, as device memory of `device`: a block
+// it allocated inside a CpuAllocationsOnDevice scope as it is, anything else
+// adopted (adopt_as_device).
+c10::DataPtr as_device_memory(c10::DataPtr&& cpu, size_t nbytes, c10::DeviceIndex device);
+// While alive, this thread's CPU allocations come from `device`'s caching
+// allocator (-1: from PyTorch's CPU allocator again); scopes nest. See
+// Note [CPU kernels allocate device memory].
+class CpuAllocationsOnDevice {
+ public:
+  explicit CpuAllocationsOnDevice(c10::DeviceIndex device);
+  ~CpuAllocationsOnDevice();
+  CpuAllocationsOnDevice(const CpuAllocationsOnDevice&) = delete;
+  CpuAllocationsOnDevice& operator=(const CpuAllocationsOnDevice&) = delete;
+
+ private:
+  c10::DeviceIndex saved_;
+};
+// Makes PyTorch's CPU allocator honour CpuAllocationsOnDevice; idempotent.
+void install_cpu_allocator();
 c10::DataPtr allocate_pinned(size_t nbytes);
 bool is_pinned_ptr(const void* ptr);
 // Moves freed blocks that no stream can still touch to the cache; returns their bytes.

@@ -2,6 +2,7 @@
 // stream release the GIL: stream workers may need it to destroy tensors.
 #include "core_api.h"
 #include "device_hooks.h"
+#include "fallback.h"
 #include "foreach_copy.h"
 #include "generator.h"
 #include "graph.h"
@@ -146,6 +147,7 @@ PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
   using release = py::call_guard<py::gil_scoped_release>;
 
   m.def("register_device", &npusim::register_device);
+  m.def("route_structured_ops_to_fallback", &npusim::route_structured_ops_to_fallback);
   m.def("core_api", [] {
     return py::capsule(static_cast<const void*>(&core_api_table()), npusim::kCoreApiCapsule);
   });

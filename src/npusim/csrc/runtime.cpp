@@ -122,22 +122,27 @@ using DeviceStreams = std::array<std::unique_ptr<NpuStream>, kStreamsPerDevice>;
 // Leaked on purpose (as are the free lists below): detached stream workers
 // may still run while static destructors do at process exit.
 std::array<DeviceStreams, kMaxDevices>& all_streams() {
-  static auto& streams = *new std::array<DeviceStreams, kMaxDevices>();
-  static std::once_flag once;
-  std::call_once(once, [] {
+  // A function-local static rather than std::call_once: called several times
+  // per op, and its guard is one load once initialized.
+  static auto& streams = []() -> std::array<DeviceStreams, kMaxDevices>& {
+    auto& made = *new std::array<DeviceStreams, kMaxDevices>();
     g_devices_in_use = true;
     for (int d = 0; d < device_count(); ++d) {
       for (int i = 0; i < kStreamsPerDevice; ++i) {
         const int priority = i == 0 ? 0 : ((i - 1) / kPoolSize == 1 ? -1 : 0);
-        streams[d][i] = std::make_unique<NpuStream>(
+        made[d][i] = std::make_unique<NpuStream>(
             static_cast<c10::DeviceIndex>(d), static_cast<c10::StreamId>(i), priority);
       }
     }
-  });
+    return made;
+  }();
   return streams;
 }
 
 thread_local std::array<c10::StreamId, kMaxDevices> tls_current_stream{};
+// Tasks pushed to any stream and not yet completed: a free with none pending
+// (the common case between ops) skips scanning every stream of every device.
+std::atomic<uint64_t> g_unfinished_tasks{0};
 std::array<std::atomic<uint32_t>, kMaxDevices * kPriorityLevels> g_pool_cursor{};
 }  // namespace
 
@@ -177,6 +182,7 @@ void NpuStream::push(std::function<void()> fn, double duration_us, const char* o
     worker_->detach();
   }
   queue_.push_back(Task{std::move(fn), duration_us, op, std::move(profile)});
+  g_unfinished_tasks.fetch_add(1, std::memory_order_acq_rel);
   enqueued_.fetch_add(1, std::memory_order_acq_rel);
   work_cv_.notify_one();
 }
@@ -224,6 +230,7 @@ void NpuStream::run() {
       std::lock_guard<std::mutex> lock(mutex_);
       completed_.fetch_add(1, std::memory_order_acq_rel);
     }
+    g_unfinished_tasks.fetch_sub(1, std::memory_order_acq_rel);
     done_cv_.notify_all();
     maybe_reclaim_deferred_frees();
   }
@@ -272,25 +279,35 @@ void NpuStream::synchronize(double timeout_s) {
 namespace {
 std::mutex& g_fence_counters_mutex = *new std::mutex();
 std::vector<FenceCounter*>& g_fence_counters = *new std::vector<FenceCounter*>();
+std::atomic<size_t> g_fence_counter_count{0};
 }  // namespace
 
 FenceCounter* new_fence_counter() {
   auto* counter = new FenceCounter();  // leaked: queues may outlive their owners
   std::lock_guard<std::mutex> lock(g_fence_counters_mutex);
   g_fence_counters.push_back(counter);
+  g_fence_counter_count.fetch_add(1, std::memory_order_release);
   return counter;
 }
 
 std::vector<Fence> pending_stream_fences() {
   std::vector<Fence> fences;
-  auto& streams = all_streams();
-  for (int d = 0; d < device_count(); ++d) {
-    for (auto& s : streams[d]) {
-      const uint64_t enq = s->enqueued();
-      if (s->completed() < enq) {
-        fences.emplace_back(s->completed_counter(), enq);
+  // A task pushed before the caller's free is counted here before the free
+  // can happen (the pushing thread held a reference to the memory), so zero
+  // means no stream can still touch it.
+  if (g_unfinished_tasks.load(std::memory_order_acquire) != 0) {
+    auto& streams = all_streams();
+    for (int d = 0; d < device_count(); ++d) {
+      for (auto& s : streams[d]) {
+        const uint64_t enq = s->enqueued();
+        if (s->completed() < enq) {
+          fences.emplace_back(s->completed_counter(), enq);
+        }
       }
     }
+  }
+  if (g_fence_counter_count.load(std::memory_order_acquire) == 0) {
+    return fences;
   }
   std::lock_guard<std::mutex> lock(g_fence_counters_mutex);
   for (const FenceCounter* counter : g_fence_counters) {

@@ -3,7 +3,9 @@
 Importing this package (``import npusim`` does) registers ``aten::_foreach_copy_``
 for the npu (see ``npusim.ops.foreach_copy`` for its routing), the fused RNN
 cells (``npusim.ops.rnn_cells``) and SyncBatchNorm's statistics
-(``npusim.ops.sync_batch_norm``), CUDA-only ops PyTorch calls on an npu tensor.
+(``npusim.ops.sync_batch_norm``), CUDA-only ops PyTorch calls on an npu tensor,
+and then routes structured ops' functional and in-place variants straight to
+the CPU fallback (:data:`FALLBACK_ROUTES`).
 """
 
 import npusim._device  # noqa: F401, I001  (registers the npu device first)
@@ -16,8 +18,13 @@ from npusim.ops.foreach_copy import (
     set_foreach_copy_mode,
 )
 from npusim.ops.trace import CallRecord, GroupRecord, trace_foreach_copy
+from npusim.runtime import acl
+
+# The structured ops whose npu kernel is the CPU fallback, each "unboxed" or "boxed" (csrc/fallback_routes.cpp).
+# Routed after the registrations above, which the rule must see: it leaves ops with npu kernels alone.
+FALLBACK_ROUTES: dict[str, str] = acl.route_structured_ops_to_fallback()
 
 __all__ = [
-    "CallRecord", "GroupRecord", "foreach_copy_mode", "get_foreach_copy_mode", "original_batch_eligibility",
-    "set_foreach_copy_mode", "trace_foreach_copy",
+    "FALLBACK_ROUTES", "CallRecord", "GroupRecord", "foreach_copy_mode", "get_foreach_copy_mode",
+    "original_batch_eligibility", "set_foreach_copy_mode", "trace_foreach_copy",
 ]

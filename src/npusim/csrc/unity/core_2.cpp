@@ -2,6 +2,7 @@
 // npusim/_sources.py. Every .cpp of csrc/ is included by exactly one unit.
 #include "../aten_ops.cpp"
 #include "../fallback.cpp"
+#include "../fallback_routes.cpp"
 #include "../intraop_threads.cpp"
 #include "../graph.cpp"
 #include "../generator.cpp"
