@@ -19,7 +19,10 @@ from npusim.ops.foreach_copy import (
     set_foreach_copy_mode,
 )
 from npusim.ops.trace import CallRecord, GroupRecord, trace_foreach_copy
+from npusim.ops import fused
 from npusim.runtime import acl
+
+fused.register()  # op-plugin's fused operators (torch.ops.npu.npu_*)
 
 # The structured ops whose npu kernel is the CPU fallback, each "unboxed" or "boxed" (csrc/fallback_routes.cpp).
 # Routed after the registrations above, which the rule must see: it leaves ops with npu kernels alone.

@@ -17,11 +17,21 @@ Each family lives in a module of its own and registers through
 
 from __future__ import annotations
 
+import importlib
 from typing import Any
 
 from npusim.ops.fused._library import OPS
 
-__all__ = ["OPS"]
+__all__ = ["FAMILIES", "OPS", "register"]
+
+# The family modules, each registering its operators when imported.
+FAMILIES: tuple[str, ...] = ()
+
+
+def register() -> None:
+    """Defines every family's operators in the ``npu`` namespace (idempotent: imports run once)."""
+    for family in FAMILIES:
+        importlib.import_module(f"npusim.ops.fused.{family}")
 
 
 def __getattr__(name: str) -> Any:
