@@ -9,7 +9,6 @@ the CPU fallback (:data:`FALLBACK_ROUTES`).
 """
 
 import npusim._device  # noqa: F401, I001  (registers the npu device first)
-import npusim.ops.fused  # noqa: F401  (op-plugin's fused operators, torch.ops.npu.npu_*)
 import npusim.ops.rnn_cells  # noqa: F401  (registrations)
 import npusim.ops.sync_batch_norm  # noqa: F401  (registrations)
 from npusim.ops.foreach_copy import (
