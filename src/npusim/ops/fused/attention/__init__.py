@@ -9,4 +9,4 @@ The shared pieces: ``_core`` (the arithmetic), ``_masks`` (sparse modes), ``_lay
 (layouts, packed sequences), ``_dropout`` (Philox masks), ``_checks`` (argument errors).
 """
 
-from npusim.ops.fused.attention import fusion  # noqa: F401  (registrations)
+from npusim.ops.fused.attention import fusion, inference  # noqa: F401  (registrations)

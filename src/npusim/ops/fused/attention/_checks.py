@@ -8,8 +8,8 @@ caller can tell "not simulated" from "wrong".
 
 from __future__ import annotations
 
-from collections.abc import Iterable, Sequence
-from typing import NoReturn
+from collections.abc import Callable, Iterable, Sequence
+from typing import Any, NoReturn
 
 import torch
 from torch import Tensor
@@ -80,3 +80,10 @@ def check_dim(op: str, name: str, tensor: Tensor, dims: int | Sequence[int], lay
 def check_divisible(op: str, what: str, total: int, part: int) -> None:
     if part <= 0 or total % part:
         fail(op, f"{what}: {total} is not a positive multiple of {part}")
+
+
+def rejecting_cpu_kernel(op: str) -> Callable[..., Any]:
+    """The CPU kernel of an npu-only op: an error naming the op and the device, not a missing kernel."""
+    def reject(query: Tensor, *args: Any, **kwargs: Any) -> Any:
+        raise RuntimeError(f"{op}: expected npu tensors, got query on {query.device}")
+    return reject

@@ -35,7 +35,7 @@ from torch._subclasses.fake_tensor import DataDependentOutputException
 
 from npusim.ops.fused._library import define
 from npusim.ops.fused.attention import _core, _dropout
-from npusim.ops.fused.attention._checks import check, check_dtype
+from npusim.ops.fused.attention._checks import check, check_dtype, rejecting_cpu_kernel
 from npusim.ops.fused.attention._fusion_call import Call, blocks, parse
 from npusim.ops.fused.attention._layout import dense_shape, from_bnsd, to_bnsd
 
@@ -247,12 +247,6 @@ def _backward_fake(*args: Any, **kwargs: Any) -> tuple[Tensor, Tensor, Tensor, T
     return torch.empty_like(query), torch.empty_like(a["key"]), torch.empty_like(a["value"]), dpse, dsink
 
 
-def _cpu_kernel(op: str) -> Any:
-    def reject(query: Tensor, *args: Any, **kwargs: Any) -> Any:
-        raise RuntimeError(f"{op}: expected npu tensors, got query on {query.device}")
-    return reject
-
-
 def _setup_context(ctx: Any, inputs: tuple[Any, ...], output: tuple[Any, ...]) -> None:
     a = _forward_args(*inputs)
     out, softmax_max, softmax_sum, _, seed, offset, numels = output
@@ -286,6 +280,6 @@ LIB_KERNELS = (
 )
 for qualname, kernel, fake in LIB_KERNELS:
     torch.library.register_kernel(qualname, "PrivateUse1", kernel)
-    torch.library.register_kernel(qualname, "CPU", _cpu_kernel(qualname.split("::")[1]))
+    torch.library.register_kernel(qualname, "CPU", rejecting_cpu_kernel(qualname.split("::")[1]))
     torch.library.register_fake(qualname, fake)
 torch.library.register_autograd(FORWARD, _autograd_backward, setup_context=_setup_context)
