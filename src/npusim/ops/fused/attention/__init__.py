@@ -1,7 +1,7 @@
 """op-plugin's attention operators on the npu (docs/FUSED_OPS.md, "Attention").
 
-- :mod:`.fusion`: ``npu_fusion_attention`` / ``npu_fusion_attention_grad`` (training, autograd)
-  and ``_npu_dropout_gen_mask``, the packed dropout masks the forward can take;
+- :mod:`.fusion`: ``npu_fusion_attention`` / ``npu_fusion_attention_grad`` (training, autograd);
+- :mod:`.dropout_mask`: ``_npu_dropout_gen_mask``, the packed dropout masks the forward can take;
 - :mod:`.inference`: ``npu_prompt_flash_attention``, ``npu_incre_flash_attention`` and
   ``npu_fused_infer_attention_score``.
 
@@ -9,4 +9,4 @@ The shared pieces: ``_core`` (the arithmetic), ``_masks`` (sparse modes), ``_lay
 (layouts, packed sequences), ``_dropout`` (Philox masks), ``_checks`` (argument errors).
 """
 
-from npusim.ops.fused.attention import fusion, inference  # noqa: F401  (registrations)
+from npusim.ops.fused.attention import dropout_mask, fusion, inference  # noqa: F401  (registrations)
