@@ -10,3 +10,6 @@ The shared pieces: ``_core`` (the arithmetic), ``_masks`` (sparse modes), ``_lay
 """
 
 from npusim.ops.fused.attention import dropout_mask, fusion, inference  # noqa: F401  (registrations)
+from npusim.ops.fused.attention._checks import ArgumentNotSimulatedError
+
+__all__ = ["ArgumentNotSimulatedError"]

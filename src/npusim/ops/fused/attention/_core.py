@@ -37,7 +37,8 @@ def _grouped(x: Tensor, kv_heads: int) -> Tensor:
     return x.unflatten(1, (kv_heads, x.shape[1] // kv_heads))
 
 
-def scores(q: Tensor, k: Tensor, scale: float, pse: Tensor | None = None, *, pse_before_scale: bool) -> Tensor:
+def scores(q: Tensor, k: Tensor, scale: float, pse: Tensor | None = None, *, pse_before_scale: bool = True,
+           ) -> Tensor:
     """The logits (B, Nq, Sq, Skv): ``scale * (q k^T + pse)`` when ``pse_before_scale``
     (npu_fusion_attention's formula), else ``scale * q k^T + pse`` (the inference ops' pse_shift)."""
     kv_heads = k.shape[1]
