@@ -136,8 +136,8 @@ def _run(call: InferCall, query: Tensor, key: Tensor, value: Tensor, a: dict[str
     """(attention_out, softmax_lse as (B, N, S, 1) / (T, N, 1), or a (1,) zero when not asked for)."""
     op, dtype = call.op, compute_dtype(query.dtype)
     if call.in_layout in _PACKED:
-        for name in ("block_table", "query_padding_size", "kv_padding_size", "key_shared_prefix", "pse_shift",
-                     "query_rope"):
+        for name in ("block_table", "query_padding_size", "kv_padding_size", "key_shared_prefix",
+                     "value_shared_prefix", "pse_shift", "query_rope", "key_rope"):
             refuse(op, name, a.get(name), f"not simulated with input_layout {call.in_layout}")
         out, lse = varlen(call, query, key, value, atten_mask=a.get("atten_mask"), dtype=dtype)
         return output(call, out, query.dtype), _lse_output(call, lse)
