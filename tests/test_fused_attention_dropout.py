@@ -78,6 +78,9 @@ def test_explicit_seed_and_dropout_mask_argument():
     assert torch.equal(torch.from_numpy(bits).bool(), _keep(1234, 6, NUMELS, 0.8))
     given = fa(q, k, v, N, "BNSD", keep_prob=0.8, dropout_mask=packed, seed=1234, offset=6)
     assert torch.equal(given[0].cpu(), explicit[0].cpu())
+    with pytest.raises(RuntimeError, match=r"dropout_mask is not _npu_dropout_gen_mask\(..., p=0.2, seed=1234, "
+                                           r"offset=10\); pass the seed and offset it was generated with"):
+        fa(q, k, v, N, "BNSD", keep_prob=0.8, dropout_mask=packed, seed=1234, offset=10)
 
 
 def test_tnd_mask_is_one_block_per_sequence():

@@ -95,12 +95,17 @@ def _forward_args(query: Tensor, key: Tensor, value: Tensor, head_num: int, inpu
     return dict(locals())
 
 
-def _keep_from_dropout_mask(call: Call, dropout_mask: Tensor) -> Tensor:
+def _keep_from_dropout_mask(call: Call, dropout_mask: Tensor, seed: int, offset: int) -> Tensor:
+    """A caller's packed mask, which must be the one (seed, offset) draws: the backward draws it again."""
     check_dtype(OP, "dropout_mask", dropout_mask, (torch.uint8,))
     need = _dropout.packed_length(call.numels)
     check(dropout_mask.numel() >= (call.numels + 7) // 8, OP,
           f"dropout_mask must hold the {call.numels} mask bits ({need} bytes), got {dropout_mask.numel()} bytes")
-    return _dropout.unpack(dropout_mask, call.numels)
+    keep = _dropout.unpack(dropout_mask, call.numels)
+    check(torch.equal(keep, _dropout.keep_mask(seed, offset, call.numels, call.keep_prob, keep.device)), OP,
+          f"dropout_mask is not _npu_dropout_gen_mask(..., p={1 - call.keep_prob:g}, seed={seed}, offset={offset}); "
+          "pass the seed and offset it was generated with (npu_fusion_attention_grad regenerates the mask from them)")
+    return keep
 
 
 def _forward(*args: Any, **kwargs: Any) -> tuple[Tensor, Tensor, Tensor, Tensor, int, int, int]:
@@ -109,7 +114,7 @@ def _forward(*args: Any, **kwargs: Any) -> tuple[Tensor, Tensor, Tensor, Tensor,
     query, seed, offset, keep = a["query"], a["seed"], a["offset"], None
     if call.keep_prob < 1:
         if a["dropout_mask"] is not None:
-            keep = _keep_from_dropout_mask(call, a["dropout_mask"])
+            keep = _keep_from_dropout_mask(call, a["dropout_mask"], seed, offset)
         else:
             if seed == 0:  # op-plugin: seed 0 draws from the default generator
                 seed, offset = _dropout.take_philox(query.device, call.numels)
