@@ -124,6 +124,9 @@ def test_incremental_decode_with_lengths_mask_pse_and_left_padding(dtype):
     padded = ifa(*args, kv_padding_size=torch.tensor([2, 0], device="npu"), **common)
     ref = _windowed_reference(q, k, v, scale=0.25, q_lens=[1, 1], kv_lens=[5, 9], kv_starts=[2, 0])
     torch.testing.assert_close(padded.cpu().double(), from_bnsd(ref, "BSH"), **tolerance(dtype))
+    before_row_0 = ifa(*args, kv_padding_size=torch.tensor([6, 0], device="npu"), **common)  # start 9 - 6 - 5 < 0
+    assert not before_row_0[0].any()  # op-plugin: that batch's output is 0
+    torch.testing.assert_close(before_row_0[1].cpu(), padded[1].cpu())
 
 
 @pytest.mark.parametrize("cache_layout", ["BnBsH", "BnNBsD"])

@@ -67,14 +67,22 @@ def _per_batch(op: str, name: str, lengths: Sequence[int] | None, batch: int, fu
     return torch.tensor(values, device=device)
 
 
-def _left_pad(op: str, name: str, pad: Tensor | None, length: Tensor, full: int) -> Tensor:
-    """First valid row per batch: ``full - pad - length`` with left padding, else 0."""
+def _left_pad(op: str, name: str, pad: Tensor | None, length: Tensor, full: int, *, decode: bool) -> Tensor:
+    """First valid row per batch: ``full - pad - length`` with left padding (pad < 0 counts as 0), else 0.
+
+    A window that starts before row 0 is an error, except for the keys of a decode step, where
+    op-plugin returns zeros for that batch: its length becomes 0 (``length`` is updated).
+    """
     if pad is None:
         return torch.zeros_like(length)
     check(pad.numel() == 1 or pad.numel() == length.numel(), op,
           f"{name} must have 1 or {length.numel()} entries, got {pad.numel()}")
     start = full - pad.reshape(-1).to(length.device, torch.long).clamp(min=0) - length
-    check(bool((start >= 0).all()), op, f"{name} leaves no room for the actual lengths: start rows {start.tolist()}")
+    outside = start < 0
+    if decode:
+        length.masked_fill_(outside, 0)
+        return start.clamp(min=0)
+    check(not bool(outside.any()), op, f"{name} leaves no room for the actual lengths: start rows {start.tolist()}")
     return start
 
 
@@ -113,8 +121,8 @@ def attend(call: InferCall, q: Tensor, k: Tensor, v: Tensor, *, atten_mask: Tens
     geometry = None
     if not call.decode and (atten_mask is not None or call.sparse_mode != 0):
         geometry = _masks.geometry(call.sparse_mode, i, j, ql, kl, pre=call.pre_tokens, nxt=call.next_tokens)
-    user = None
-    if atten_mask is not None and (call.decode or call.sparse_mode in (0, 1)):
+    user = None  # modes 2-4 take a compressed mask: their geometry is the mask
+    if atten_mask is not None and call.sparse_mode in (0, 1):
         user = _masks.full_mask(call.op, atten_mask, batch=batch, heads=call.num_heads, sq=sq, skv=skv,
                                 exact=False, batch_rows=call.decode)
     masked = _masks.combine(masked, geometry, user)

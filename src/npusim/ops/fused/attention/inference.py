@@ -162,8 +162,8 @@ def _run(call: InferCall, query: Tensor, key: Tensor, value: Tensor, a: dict[str
     sq, skv = q.shape[2], k.shape[2]
     q_len = _per_batch(op, "actual_seq_lengths", None if call.decode else call.actual_seq_lengths, batch, sq, device)
     kv_len = _per_batch(op, "actual_seq_lengths_kv", call.actual_seq_lengths_kv, batch, skv, device)
-    q_start = _left_pad(op, "query_padding_size", a.get("query_padding_size"), q_len, sq)
-    kv_start = _left_pad(op, "kv_padding_size", a.get("kv_padding_size"), kv_len, skv)
+    q_start = _left_pad(op, "query_padding_size", a.get("query_padding_size"), q_len, sq, decode=False)
+    kv_start = _left_pad(op, "kv_padding_size", a.get("kv_padding_size"), kv_len, skv, decode=call.decode)
     if a.get("key_shared_prefix") is not None:
         check(not rope, op, "key_shared_prefix is not supported with query_rope / key_rope")
         k, v, kv_len = _with_prefix(call, a, k, v, kv_len)
