@@ -54,7 +54,7 @@ def split_layout(op: str, input_layout: str, allowed: Sequence[str]) -> tuple[st
     return parts[0], parts[-1]
 
 
-def _per_batch(op: str, name: str, lengths: Sequence[int] | None, batch: int, full: int, device: torch.device,
+def per_batch(op: str, name: str, lengths: Sequence[int] | None, batch: int, full: int, device: torch.device,
                ) -> Tensor:
     """A (B,) tensor of valid lengths: one length for all, or the first B (op-plugin's rule)."""
     if lengths is None:
@@ -67,7 +67,7 @@ def _per_batch(op: str, name: str, lengths: Sequence[int] | None, batch: int, fu
     return torch.tensor(values, device=device)
 
 
-def _left_pad(op: str, name: str, pad: Tensor | None, length: Tensor, full: int, *, decode: bool) -> Tensor:
+def left_pad(op: str, name: str, pad: Tensor | None, length: Tensor, full: int, *, decode: bool) -> Tensor:
     """First valid row per batch: ``full - pad - length`` with left padding (pad < 0 counts as 0), else 0.
 
     A window that starts before row 0 is an error, except for the keys of a decode step, where

@@ -33,12 +33,12 @@ from npusim.ops.fused.attention._checks import (
 from npusim.ops.fused.attention._core import compute_dtype
 from npusim.ops.fused.attention._infer_call import (
     InferCall,
-    _left_pad,
-    _per_batch,
     attend,
     dense_heads,
+    left_pad,
     output,
     paged,
+    per_batch,
     split_layout,
     varlen,
 )
@@ -160,10 +160,10 @@ def _run(call: InferCall, query: Tensor, key: Tensor, value: Tensor, a: dict[str
           f"query {tuple(query.shape)}, key {tuple(key.shape)} and value {tuple(value.shape)} do not match "
           f"in input_layout {call.in_layout} with num_heads {call.num_heads} / {call.kv_heads}")
     sq, skv = q.shape[2], k.shape[2]
-    q_len = _per_batch(op, "actual_seq_lengths", None if call.decode else call.actual_seq_lengths, batch, sq, device)
-    kv_len = _per_batch(op, "actual_seq_lengths_kv", call.actual_seq_lengths_kv, batch, skv, device)
-    q_start = _left_pad(op, "query_padding_size", a.get("query_padding_size"), q_len, sq, decode=False)
-    kv_start = _left_pad(op, "kv_padding_size", a.get("kv_padding_size"), kv_len, skv, decode=call.decode)
+    q_len = per_batch(op, "actual_seq_lengths", None if call.decode else call.actual_seq_lengths, batch, sq, device)
+    kv_len = per_batch(op, "actual_seq_lengths_kv", call.actual_seq_lengths_kv, batch, skv, device)
+    q_start = left_pad(op, "query_padding_size", a.get("query_padding_size"), q_len, sq, decode=False)
+    kv_start = left_pad(op, "kv_padding_size", a.get("kv_padding_size"), kv_len, skv, decode=call.decode)
     if a.get("key_shared_prefix") is not None:
         check(not rope, op, "key_shared_prefix is not supported with query_rope / key_rope")
         k, v, kv_len = _with_prefix(call, a, k, v, kv_len)
@@ -197,7 +197,7 @@ def _lse_output(call: InferCall, lse: Tensor) -> Tensor:
     return lse.contiguous()
 
 
-def _shapes(call: InferCall, query: Tensor, value: Tensor, a: dict[str, Any]) -> tuple[tuple[int, ...], ...]:
+def _shapes(call: InferCall, query: Tensor, value: Tensor) -> tuple[tuple[int, ...], ...]:
     """(attention_out, softmax_lse) shapes, for the fake kernels."""
     if call.in_layout in _PACKED:
         t, n = (query.shape[0], query.shape[1]) if call.in_layout == "TND" else (query.shape[1], query.shape[0])
@@ -305,7 +305,7 @@ def _fake(parse_args: Any, make_call: Any, both: bool) -> Any:
     def fake(*args: Any, **kwargs: Any) -> Any:
         a = parse_args(*args, **kwargs)
         call = make_call(a)
-        out_shape, lse_shape = _shapes(call, a["query"], a["value"], a)
+        out_shape, lse_shape = _shapes(call, a["query"], a["value"])
         out = a["query"].new_empty(out_shape)
         return (out, a["query"].new_empty(lse_shape, dtype=torch.float32)) if both else out
     return fake
