@@ -2,8 +2,10 @@
 // copies and scalar reads. Every other op runs through the fallback
 // (fallback.cpp).
 #include "device_hooks.h"
-#include "memory.h"
-#include "runtime.h"
+#include "../runtime/device_allocator.h"
+#include "../runtime/event.h"
+#include "../runtime/stream.h"
+#include "../runtime/timing.h"
 #include "host_transfer.h"
 
 #include <ATen/ATen.h>

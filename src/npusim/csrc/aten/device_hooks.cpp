@@ -1,11 +1,14 @@
 // PrivateUse1 plumbing: the device guard (devices, streams, events), the
 // accelerator hooks (pinned memory, generators, storage resize) and the
-// allocator registration. Each override forwards to runtime.h.
+// allocator registration. Each override forwards to the runtime floor.
 #include "device_hooks.h"
 
 #include "generator.h"
-#include "memory.h"
-#include "runtime.h"
+#include "../runtime/cpu_allocator.h"
+#include "../runtime/device_allocator.h"
+#include "../runtime/event.h"
+#include "../runtime/host_allocator.h"
+#include "../runtime/stream.h"
 
 #include <ATen/detail/PrivateUse1HooksInterface.h>
 #include <c10/core/DeviceCapability.h>

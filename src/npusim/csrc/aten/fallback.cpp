@@ -3,13 +3,11 @@
 // current stream's earlier work.
 #include "fallback.h"
 
-#include "device_hooks.h"
 #include "fallback_call.h"
 #include "generator.h"
-#include "graph.h"
 #include "host_transfer.h"
-#include "memory.h"
-#include "runtime.h"
+#include "../runtime/device_allocator.h"
+#include "../runtime/stream.h"
 
 #include <ATen/ATen.h>
 #include <c10/core/CPUAllocator.h>
@@ -21,17 +19,8 @@
 
 namespace npusim {
 
-// Note [Device rules of the fallback]
-// CPU kernels accept any CPU tensor, so without a check a CPU tensor given
-// to an npu op would be computed on (or, as a result, adopted as device
-// memory). npu follows CUDA instead (see Note [npu follows CUDA where CPU
-// differs] in cuda_semantics.cpp): the tensors of one op are on one npu,
-// except that a CPU 0-dim tensor may be read as a scalar (TensorIterator's
-// rule) and indices (Tensor?[] of index / index_put_) may be on CPU (CUDA's
-// indexing moves them); anything else raises CUDA's "Expected all tensors
-// to be on the same device" before the kernel runs, so an out= tensor on the
-// wrong device is never written. A result over a caller's CPU tensor is
-// copied, never adopted: its memory belongs to the caller.
+// Note [Device rules of the fallback] is in op_arguments.h, whose walk graph
+// capture shares.
 
 // Note [Cost of the fallback]
 // Every npu op without its own kernel comes through here, so the per-op host
@@ -174,102 +163,33 @@ class AliasPool {
 
 thread_local AliasPool tls_alias_pool;
 
-// The generator a CPU kernel of a random op draws from: a CPU generator
-// seeded from the npu generator's Philox state (Note [npu Philox stream]),
-// never the CPU default generator. Generators of the wrong device type get
-// CUDA's errors.
-at::Generator fallback_generator(
-    const c10::IValue& arg, c10::DeviceIndex device, bool on_npu, const c10::FunctionSchema& schema) {
-  std::optional<at::Generator> gen;
-  if (!arg.isNone()) {
-    gen = arg.toGenerator();
-  }
-  if (!on_npu) {
-    // Only an npu generator's dispatch key brings an op without npu tensors here.
-    TORCH_CHECK(false, "Expected a 'cpu' device type for generator but found '",
-        gen.has_value() ? gen->device().type() : kNpu, "' (when running ", schema.operator_name(), ")");
-  }
-  return cpu_generator_for(gen, device);
-}
+std::atomic<OpCaptureHook> g_op_capture_hook{nullptr};
 
 }  // namespace
 
-bool is_optional_generator(const c10::Argument& arg) {
-  // castRaw: no shared_ptr copy (an atomic increment) per argument per op.
-  const auto* opt = arg.type()->castRaw<c10::OptionalType>();
-  return opt != nullptr && opt->getElementType()->kind() == c10::TypeKind::GeneratorType;
+void set_op_capture_hook(OpCaptureHook hook) {
+  g_op_capture_hook.store(hook, std::memory_order_release);
 }
 
 // ---- one call -----------------------------------------------------------------
 
-FallbackCall::Use FallbackCall::use_of(const c10::Argument& arg) {
-  return arg.alias_info() != nullptr && arg.alias_info()->isWrite() ? Use::kWritten : Use::kRead;
-}
-
 c10::IValue FallbackCall::to_cpu(c10::IValue&& v, const c10::Argument& arg) {
-  const Use use = use_of(arg);
-  if (v.isTensor()) {
+  if (v.isTensor() || v.isTensorList() || v.isOptionalTensorList()) {
+    // Kept for the call: the aliases refer to the tensors (and list elements) by pointer.
     originals_.push_back(std::move(v));
-    return alias(originals_.back().toTensor(), use);
+    return map_argument(originals_.back(), use_of(arg), *this);
   }
-  if (v.isTensorList()) {
-    originals_.push_back(std::move(v));
-    c10::List<at::Tensor> in = originals_.back().toTensorList();
-    c10::List<at::Tensor> out;
-    out.reserve(in.size());
-    for (size_t i = 0; i < in.size(); ++i) {
-      // The list's elements live in its storage, which originals_ keeps.
-      out.push_back(alias(in.get(i), use));
-    }
-    return out;
-  }
-  if (v.isOptionalTensorList()) {
-    originals_.push_back(std::move(v));
-    c10::List<std::optional<at::Tensor>> in = originals_.back().toOptionalTensorList();
-    c10::List<std::optional<at::Tensor>> out;
-    out.reserve(in.size());
-    for (size_t i = 0; i < in.size(); ++i) {
-      const std::optional<at::Tensor> t = in.get(i);
-      out.push_back(t.has_value() ? std::optional<at::Tensor>(alias(*t, Use::kIndex)) : std::nullopt);
-    }
-    return out;
-  }
-  if (v.isDevice() && v.toDevice().type() == kNpu) {
-    note_device(c10::Device(kNpu, v.toDevice().index() < 0 ? current_device() : v.toDevice().index()));
-    return c10::IValue(c10::Device(c10::DeviceType::CPU));
-  }
-  return std::move(v);
-}
-
-void FallbackCall::note_device(c10::Device d) {
-  if (!first_device_) {
-    first_device_ = d;
-  }
-  if (d.type() == kNpu && device_ < 0) {
-    device_ = d.index();
-  }
-  TORCH_CHECK(d == *first_device_,
-      "Expected all tensors to be on the same device, but found at least two devices, ",
-      *first_device_, " and ", d, "! (when running ", op_.schema().operator_name(), ")");
+  return map_argument(v, use_of(arg), *this);
 }
 
 at::Tensor FallbackCall::alias(const at::Tensor& t, Use use) {
-  if (!t.defined()) {
-    return t;
-  }
-  if (t.device().type() != kNpu) {
-    // CPU scalars (0-dim) are read as values, as CUDA's TensorIterator
-    // does, and CPU indices are moved by CUDA's indexing kernels; both run
-    // as they are in the CPU kernel. Their memory stays the caller's.
-    const bool accepted = t.is_cpu() &&
-        ((use == Use::kRead && t.dim() == 0) || use == Use::kIndex);
-    if (!accepted) {
-      note_device(t.device());
+  if (!rules_.admit(t, use)) {
+    if (t.defined()) {
+      // A CPU scalar or index runs as it is in the CPU kernel; its memory stays the caller's.
+      callers_.push_back(t.storage().unsafeGetStorageImpl());
     }
-    callers_.push_back(t.storage().unsafeGetStorageImpl());
     return t;
   }
-  note_device(t.device());
   const bool written = use == Use::kWritten;
   c10::StorageImpl* key = t.storage().unsafeGetStorageImpl();
   StorageEntry* shared = nullptr;
@@ -396,8 +316,11 @@ at::Tensor FallbackCall::back(const at::Tensor& t) {
 // ---- the boxed fallback ---------------------------------------------------------
 
 void npu_fallback(const c10::OperatorHandle& op, torch::jit::Stack* stack) {
-  if (capture_fallback_op(op, stack)) {
-    return;  // recorded into the npu graph capturing the current stream
+  if (C10_UNLIKELY(any_stream_capturing())) {
+    const OpCaptureHook capture = g_op_capture_hook.load(std::memory_order_acquire);
+    if (capture != nullptr && capture(op, stack)) {
+      return;  // recorded into the npu graph capturing the op's stream
+    }
   }
   const auto& schema = op.schema();
   const size_t num_args = schema.arguments().size();
@@ -409,7 +332,7 @@ void npu_fallback(const c10::OperatorHandle& op, torch::jit::Stack* stack) {
   for (size_t i = 0; i < num_args; ++i) {
     if (is_optional_generator(schema.arguments()[i])) {
       c10::IValue& arg = (*stack)[first + i];
-      arg = c10::IValue(fallback_generator(arg, call.device(), call.on_npu(), schema));
+      arg = c10::IValue(cpu_generator_argument(arg, call.rules()));
     }
   }
   call.run([&] { op.redispatchBoxed(c10::DispatchKeySet(c10::DispatchKey::CPU), stack); });

@@ -16,9 +16,12 @@ namespace npusim {
 // fallback].
 void npu_fallback(const c10::OperatorHandle& op, torch::jit::Stack* stack);
 
-// Whether a schema argument is a `Generator?`: the fallback and graph capture
-// give random ops the npu generator's stream there.
-bool is_optional_generator(const c10::Argument& arg);
+// What the boxed fallback asks first while any stream is being captured:
+// record `op` into the capture of its stream instead of running it, leaving
+// the outputs on the stack; false (stack untouched) when its stream is not
+// captured. The graph installs it (Note [NPU graph capture]); null: none.
+using OpCaptureHook = bool (*)(const c10::OperatorHandle& op, torch::jit::Stack* stack);
+void set_op_capture_hook(OpCaptureHook hook);
 
 // Registers the fallback as the npu kernel of every aten op whose npu slot
 // would otherwise hold a CompositeExplicitAutogradNonFunctional kernel (see

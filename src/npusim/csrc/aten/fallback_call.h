@@ -1,13 +1,14 @@
 // One op run by the CPU fallback (fallback.cpp): its npu arguments as CPU
-// aliases, the device rules, the CPU kernel run after the stream's earlier
-// work, and its results as npu tensors. The boxed fallback and the unboxed
-// kernels of the hottest ops (fallback_routes.cpp) share it, so the rules
-// have one home.
+// aliases, the device rules (op_arguments.h, which graph capture walks too),
+// the CPU kernel run after the stream's earlier work, and its results as npu
+// tensors. The boxed fallback and the unboxed kernels of the hottest ops
+// (fallback_routes.cpp) share it.
 #pragma once
 
 #include "intraop_threads.h"
-#include "memory.h"
-#include "runtime.h"
+#include "op_arguments.h"
+#include "../runtime/cpu_allocator.h"
+#include "../runtime/stream.h"
 
 #include <ATen/core/Tensor.h>
 #include <ATen/core/dispatch/Dispatcher.h>
@@ -23,11 +24,12 @@ namespace npusim {
 class FallbackCall {
  public:
   // How an op uses a tensor argument; see Note [Device rules of the fallback].
-  enum class Use { kRead, kWritten, kIndex };
-  // Written-to arguments (out=, self of an in-place op) per the schema.
-  static Use use_of(const c10::Argument& arg);
+  using Use = ArgUse;
+  static Use use_of(const c10::Argument& arg) {
+    return npusim::use_of(arg);
+  }
 
-  explicit FallbackCall(const c10::OperatorHandle& op) : op_(op) {}
+  explicit FallbackCall(const c10::OperatorHandle& op) : op_(op), rules_(op) {}
   FallbackCall(const FallbackCall&) = delete;
   FallbackCall& operator=(const FallbackCall&) = delete;
 
@@ -40,11 +42,23 @@ class FallbackCall {
 
   // The op's npu (the current one when no argument names one).
   c10::DeviceIndex device() const {
-    return device_ < 0 ? current_device() : device_;
+    return rules_.device();
   }
   // Whether any argument is an npu tensor or device.
   bool on_npu() const {
-    return device_ >= 0;
+    return rules_.on_npu();
+  }
+  const DeviceRules& rules() const {
+    return rules_;
+  }
+
+  // map_argument's callbacks (to_cpu walks the boxed arguments with them).
+  at::Tensor tensor(const at::Tensor& t, Use use) {
+    return alias(t, use);
+  }
+  c10::IValue device(c10::Device d) {
+    rules_.admit_device(d);
+    return c10::IValue(c10::Device(c10::DeviceType::CPU));
   }
 
   // Runs `kernel` (the CPU kernel on the aliases) after the current stream's
@@ -90,12 +104,10 @@ class FallbackCall {
     bool written;
   };
 
-  void note_device(c10::Device d);
   void propagate_resizes();
 
   const c10::OperatorHandle& op_;
-  std::optional<c10::Device> first_device_;
-  c10::DeviceIndex device_ = -1;
+  DeviceRules rules_;
   // Boxed calls move the stack's arguments here: they keep the npu tensors
   // (and storages) that the entries below point to alive for the call.
   c10::SmallVector<c10::IValue, 6> originals_;

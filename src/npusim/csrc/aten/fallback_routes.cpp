@@ -4,7 +4,6 @@
 #include "fallback.h"
 
 #include "fallback_call.h"
-#include "graph.h"
 
 #include <ATen/core/boxing/impl/boxing.h>
 #include <ATen/core/dispatch/Dispatcher.h>
@@ -152,7 +151,7 @@ struct UnboxedFallback<Op, R(Args...)> {
 
   static R call(c10::DispatchKeySet keys, Args... args) {
     const c10::OperatorHandle& op = handle();
-    if (C10_UNLIKELY(graph_capture_underway())) {
+    if (C10_UNLIKELY(any_stream_capturing())) {
       return c10::impl::BoxedKernelWrapper<R(Args...)>::call(
           c10::BoxedKernel::makeFromFunction<&npu_fallback>(), op, keys, args...);
     }

@@ -1,6 +1,6 @@
 #include "foreach_copy.h"
 
-#include "npu_type.h"
+#include "../runtime/npu_type.h"
 #include "primitives.h"
 
 #include <ATen/core/dispatch/Dispatcher.h>

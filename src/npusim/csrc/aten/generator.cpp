@@ -2,7 +2,9 @@
 // per-device default generators.
 #include "generator.h"
 
-#include "runtime.h"
+#include "op_arguments.h"
+
+#include "../runtime/stream.h"
 
 #include <ATen/CPUGeneratorImpl.h>
 #include <ATen/EmptyTensor.h>
@@ -129,6 +131,19 @@ at::Generator cpu_generator_for(const std::optional<at::Generator>& gen, c10::De
   const uint64_t lo = engine();
   const uint64_t hi = engine();
   return at::detail::createCPUGenerator(lo | (hi << 32));
+}
+
+at::Generator cpu_generator_argument(const c10::IValue& arg, const DeviceRules& rules) {
+  std::optional<at::Generator> gen;
+  if (!arg.isNone()) {
+    gen = arg.toGenerator();
+  }
+  if (!rules.on_npu()) {
+    // Only an npu generator's dispatch key brings an op without npu tensors here.
+    TORCH_CHECK(false, "Expected a 'cpu' device type for generator but found '",
+        gen.has_value() ? gen->device().type() : kNpu, "' (when running ", rules.op().schema().operator_name(), ")");
+  }
+  return cpu_generator_for(gen, rules.device());
 }
 
 }  // namespace npusim

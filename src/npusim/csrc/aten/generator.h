@@ -2,7 +2,7 @@
 // state of (seed, offset). See Note [npu Philox stream].
 #pragma once
 
-#include "npu_type.h"
+#include "../runtime/npu_type.h"
 
 #include <ATen/core/Generator.h>
 #include <c10/core/GeneratorImpl.h>

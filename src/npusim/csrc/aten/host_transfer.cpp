@@ -1,6 +1,6 @@
 #include "host_transfer.h"
 
-#include "memory.h"
+#include "../runtime/host_allocator.h"
 
 #include <ATen/ATen.h>
 #include <c10/core/CPUAllocator.h>

@@ -8,7 +8,7 @@
 // queued copy, and when the host has to wait for a copy it queued.
 #pragma once
 
-#include "npu_type.h"
+#include "../runtime/npu_type.h"
 
 #include <ATen/core/Tensor.h>
 #include <c10/core/DispatchKeySet.h>

@@ -1,8 +1,9 @@
 #include "primitives.h"
 
 #include "host_transfer.h"
-#include "memory.h"
-#include "runtime.h"
+#include "../runtime/device_allocator.h"
+#include "../runtime/stream.h"
+#include "../runtime/timing.h"
 
 #include <ATen/ATen.h>
 #include <ATen/native/ForeachUtils.h>

@@ -5,7 +5,7 @@
 // random bits is npusim's. Kernels run on the host after the current
 // stream's earlier work, on the device memory in place.
 #include "generator.h"
-#include "runtime.h"
+#include "../runtime/stream.h"
 #include "host_transfer.h"
 
 #include <ATen/ATen.h>

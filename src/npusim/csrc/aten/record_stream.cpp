@@ -1,6 +1,6 @@
 // aten::record_stream for npu tensors: CUDA's Tensor.record_stream, handed
 // to the caching allocator (Note [Stream-ordered free]).
-#include "memory.h"
+#include "../runtime/device_allocator.h"
 
 #include <ATen/ATen.h>
 #include <torch/library.h>

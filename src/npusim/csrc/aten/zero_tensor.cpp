@@ -1,8 +1,8 @@
 // aten::_efficientzerotensor for the npu: the all-zero tensor without memory
 // that autograd formulas return for gradients known to be zero (sgn, abs and
 // others on real inputs). Found by the OpInfo sweep (npusim.conformance).
-#include "npu_type.h"
-#include "runtime.h"
+#include "../runtime/npu_type.h"
+#include "../runtime/stream.h"
 
 #include <ATen/ATen.h>
 #include <ATen/EmptyTensor.h>

@@ -2,11 +2,11 @@
 // one stream task, and the graph's private memory pool.
 #include "graph.h"
 
-#include "device_hooks.h"
-#include "fallback.h"
-#include "generator.h"
-#include "host_transfer.h"
-#include "memory.h"
+#include "capture.h"
+#include "op_recorder.h"
+
+#include "../aten/fallback.h"
+#include "../runtime/device_allocator.h"
 
 #include <ATen/ATen.h>
 #include <ATen/core/GraphImplInterface.h>
@@ -20,13 +20,16 @@
 namespace npusim {
 
 // Note [NPU graph capture]
-// A stream is a FIFO of host functions run by its worker (runtime.h). While a
-// graph captures a stream, NpuStream::enqueue appends the function to the
-// graph instead of queueing it: copies, foreach copies, batched memcpy and
+// A stream is a FIFO of host functions run by its worker (runtime/stream.h).
+// While a graph captures a stream (the graph sets itself as the stream's
+// StreamCapture), NpuStream::enqueue appends the function to the graph
+// instead of queueing it: copies, foreach copies, batched memcpy and
 // event records issued on that stream are recorded without running, as on
 // CUDA. Compute does not go through enqueue (the boxed fallback runs CPU
-// kernels synchronously), so the fallback asks capture_fallback_op first:
-// on a capturing stream the op is run on the Meta device to learn its output
+// kernels synchronously), so the fallback asks the op capture hook first
+// (capture_fallback_op, op_recorder.cpp, which the graph installs when a
+// capture begins): it walks the op's arguments under the fallback's device
+// rules (aten/op_arguments.h), and on a capturing stream the op is run on the Meta device to learn its output
 // sizes, strides and dtypes; fresh outputs are allocated from the graph's
 // pool (in-place and out= outputs are the arguments themselves; views of
 // arguments are views of the same device storage), and a task is recorded
@@ -56,41 +59,7 @@ namespace npusim {
 
 namespace {
 
-std::atomic<int> g_captures_underway{0};
 std::atomic<uint64_t> g_next_pool_uid{1};
-
-}  // namespace
-
-struct GraphPool {
-  c10::MempoolId_t id;
-  std::mutex mutex;
-  std::vector<std::shared_ptr<c10::DataPtr>> blocks;
-
-  c10::DataPtr allocate(c10::DeviceIndex device, size_t nbytes) {
-    auto block = std::make_shared<c10::DataPtr>(allocate_device(device, nbytes));
-    void* ptr = block->get();
-    {
-      std::lock_guard<std::mutex> lock(mutex);
-      blocks.push_back(block);
-    }
-    // The tensor shares ownership: a pool dropped by reset() must not free
-    // memory that a static output still points to.
-    auto* owner = new std::shared_ptr<c10::DataPtr>(std::move(block));
-    return c10::DataPtr(ptr, owner,
-        [](void* ctx) { delete static_cast<std::shared_ptr<c10::DataPtr>*>(ctx); },
-        c10::Device(c10::DeviceType::PrivateUse1, device));
-  }
-};
-
-struct GraphCapture {
-  std::mutex mutex;
-  std::vector<GraphTask> tasks;
-  std::shared_ptr<GraphPool> pool;
-  NpuStream* stream = nullptr;
-  std::string invalidated;  // the first forbidden call, if any
-};
-
-namespace {
 
 std::mutex& g_graph_pools_mutex = *new std::mutex();
 std::map<c10::MempoolId_t, std::weak_ptr<GraphPool>>& g_graph_pools =
@@ -110,316 +79,48 @@ std::shared_ptr<GraphPool> pool_for(c10::MempoolId_t id) {
   return pool;
 }
 
-void append(GraphCapture& capture, GraphTask task) {
-  std::lock_guard<std::mutex> lock(capture.mutex);
-  capture.tasks.push_back(std::move(task));
-}
-
-// ---- recording one fallback op ----------------------------------------------
-
-// The device tensors of one op call and their CPU (replay) and Meta (shape)
-// stand-ins; views of one storage share one stand-in storage.
-class OpRecorder {
- public:
-  OpRecorder(const c10::OperatorHandle& op, GraphCapture& capture, c10::DeviceIndex device)
-      : op_(op), capture_(capture), device_(device) {}
-
-  // The CPU and Meta forms of one element of a tensor-list argument.
-  std::pair<at::Tensor, at::Tensor> list_element(const at::Tensor& t) {
-    add_tensor(t);
-    std::pair<at::Tensor, at::Tensor> out{cpu_args_.back().toTensor(), meta_args_.back().toTensor()};
-    cpu_args_.pop_back();
-    meta_args_.pop_back();
-    return out;
-  }
-
-  void add_argument(const c10::IValue& v, bool generator_slot) {
-    if (v.isTensor()) {
-      add_tensor(v.toTensor());
-    } else if (v.isTensorList()) {
-      c10::List<at::Tensor> cpu, meta;
-      for (const at::Tensor& t : v.toTensorList()) {
-        auto [c, m] = list_element(t);
-        cpu.push_back(std::move(c));
-        meta.push_back(std::move(m));
-      }
-      cpu_args_.emplace_back(cpu);
-      meta_args_.emplace_back(meta);
-    } else if (v.isOptionalTensorList()) {
-      c10::List<std::optional<at::Tensor>> cpu, meta;
-      for (const std::optional<at::Tensor>& t : v.toOptionalTensorList()) {
-        if (!t.has_value()) {
-          cpu.push_back(std::nullopt);
-          meta.push_back(std::nullopt);
-          continue;
-        }
-        auto [c, m] = list_element(*t);
-        cpu.push_back(std::move(c));
-        meta.push_back(std::move(m));
-      }
-      cpu_args_.emplace_back(cpu);
-      meta_args_.emplace_back(meta);
-    } else if (v.isDevice() && v.toDevice().type() == kNpu) {
-      cpu_args_.emplace_back(c10::Device(c10::DeviceType::CPU));
-      meta_args_.emplace_back(c10::Device(c10::DeviceType::Meta));
-    } else if (generator_slot) {
-      // As the eager fallback does: a CPU generator seeded from the npu one.
-      cpu_args_.emplace_back(cpu_generator_for(
-          v.isNone() ? std::nullopt : std::optional<at::Generator>(v.toGenerator()), device_));
-      meta_args_.emplace_back(v);
-    } else {
-      cpu_args_.push_back(v);
-      meta_args_.push_back(v);
-    }
-  }
-
-  // Runs the op on Meta; returns the device outputs and records the task.
-  std::vector<c10::IValue> record() {
-    const std::string name = c10::toString(op_.schema().operator_name());
-    torch::jit::Stack meta_stack(meta_args_);
-    try {
-      op_.redispatchBoxed(c10::DispatchKeySet(c10::DispatchKey::Meta), &meta_stack);
-    } catch (const std::exception& e) {
-      invalidate("npu graph capture: " + name +
-          " cannot be captured: its output shapes could not be computed on the meta device "
-          "(data-dependent shape or no meta kernel): " + first_line(e.what()));
-    }
-    for (const auto& [meta, device] : inputs_) {
-      if (!meta.sizes().equals(device.sizes()) || !meta.strides().equals(device.strides())) {
-        invalidate("npu graph capture: " + name + " resizes its output argument from " +
-            c10::str(device.sizes()) + " to " + c10::str(meta.sizes()) +
-            " during capture; allocate outputs with their final shape before capturing");
-      }
-    }
-    std::vector<c10::IValue> outputs;
-    for (size_t i = 0; i < meta_stack.size(); ++i) {
-      const c10::IValue& r = meta_stack[i];
-      if (r.isTensor()) {
-        outputs.emplace_back(output(r.toTensor(), i, -1));
-      } else if (r.isTensorList()) {
-        c10::List<at::Tensor> list;
-        const auto meta_list = r.toTensorList();
-        for (size_t j = 0; j < meta_list.size(); ++j) {
-          list.push_back(output(meta_list.get(j), i, static_cast<int64_t>(j)));
-        }
-        outputs.emplace_back(list);
-      } else if (r.isNone()) {
-        outputs.emplace_back();
-      } else {
-        invalidate("operation not permitted when stream is capturing: " + name +
-            " returns a host value computed from device data");
-      }
-    }
-    auto call = std::make_shared<Call>(Call{op_, std::move(cpu_args_), std::move(fresh_),
-        std::move(keep_alive_), device_});
-    append(capture_, GraphTask{[call] { call->run(); }, 0.0, name});
-    return outputs;
-  }
-
- private:
-  struct Fresh {
-    size_t ret;
-    int64_t elem;  // -1: the return is a tensor, else an index into its list
-    at::Tensor dst;  // CPU alias of the pool output
-  };
-  struct Call {
-    c10::OperatorHandle op;
-    std::vector<c10::IValue> args;
-    std::vector<Fresh> fresh;
-    std::vector<c10::Storage> keep_alive;  // the device memory the call reads and writes
-    c10::DeviceIndex device;
-
-    void run() const {
-      torch::jit::Stack stack(args);
-      const c10::DeviceGuard guard(c10::Device(kNpu, device));
-      op.redispatchBoxed(c10::DispatchKeySet(c10::DispatchKey::CPU), &stack);
-      for (const Fresh& f : fresh) {
-        const c10::IValue& r = stack[f.ret];
-        host_copy(f.dst, f.elem < 0 ? r.toTensor() : r.toTensorList().get(f.elem));
-      }
-    }
-  };
-
-  static std::string first_line(const std::string& s) {
-    return s.substr(0, s.find('\n'));
-  }
-
-  [[noreturn]] void invalidate(const std::string& message) {
-    {
-      std::lock_guard<std::mutex> lock(capture_.mutex);
-      if (capture_.invalidated.empty()) {
-        capture_.invalidated = message;
-      }
-    }
-    TORCH_CHECK(false, message);
-  }
-
-  void add_tensor(const at::Tensor& t) {
-    if (!t.defined()) {
-      cpu_args_.emplace_back(t);
-      meta_args_.emplace_back(t);
-      return;
-    }
-    if (t.device().type() != kNpu) {
-      // Host scalars and other host tensors go to the meta kernel as they are
-      // (TensorIterator accepts CPU scalars next to any device).
-      cpu_args_.emplace_back(t);
-      meta_args_.emplace_back(t);
-      return;
-    }
-    at::Tensor meta = meta_over(t);
-    {
-      c10::StorageImpl* key = t.storage().unsafeGetStorageImpl();
-      auto it = cpu_storages_.find(key);
-      if (it == cpu_storages_.end()) {
-        it = cpu_storages_.emplace(key, cpu_storage_over(t.storage())).first;
-        keep_alive_.push_back(t.storage());
-      }
-      cpu_args_.emplace_back(cpu_alias_over(t, it->second));
-      inputs_.emplace_back(meta, t);
-    }
-    meta_args_.emplace_back(meta);
-  }
-
-  at::Tensor meta_over(const at::Tensor& t) {
-    c10::StorageImpl* key = t.storage().unsafeGetStorageImpl();
-    auto it = meta_storages_.find(key);
-    if (it == meta_storages_.end()) {
-      c10::Storage storage(c10::Storage::use_byte_size_t(), t.storage().nbytes(),
-          c10::DataPtr(nullptr, c10::Device(c10::DeviceType::Meta)),
-          c10::GetAllocator(c10::DeviceType::Meta), /*resizable=*/true);
-      it = meta_storages_.emplace(key, storage).first;
-      meta_to_device_.emplace(storage.unsafeGetStorageImpl(), t.storage());
-    }
-    return tensor_over(c10::Storage(it->second), c10::DispatchKeySet(c10::DispatchKey::Meta), t);
-  }
-
-  at::Tensor device_tensor_over(const c10::Storage& storage, const at::Tensor& meta) {
-    return tensor_over(c10::Storage(storage), c10::DispatchKeySet(c10::DispatchKey::PrivateUse1), meta);
-  }
-
-  at::Tensor output(const at::Tensor& meta, size_t ret, int64_t elem) {
-    if (!meta.defined()) {
-      return meta;
-    }
-    for (const auto& [meta_in, device_in] : inputs_) {
-      if (meta_in.unsafeGetTensorImpl() == meta.unsafeGetTensorImpl()) {
-        return device_in;  // in-place and out= ops return their argument
-      }
-    }
-    c10::StorageImpl* key = meta.storage().unsafeGetStorageImpl();
-    auto view = meta_to_device_.find(key);
-    if (view != meta_to_device_.end()) {
-      return device_tensor_over(view->second, meta);  // a view of an argument
-    }
-    auto fresh = fresh_storages_.find(key);
-    if (fresh == fresh_storages_.end()) {
-      const size_t nbytes = meta.storage().nbytes();
-      c10::Storage storage(c10::Storage::use_byte_size_t(), nbytes,
-          capture_.pool->allocate(device_, nbytes), device_allocator(), /*resizable=*/true);
-      fresh = fresh_storages_.emplace(key, storage).first;
-      keep_alive_.push_back(storage);
-    }
-    at::Tensor out = device_tensor_over(fresh->second, meta);
-    fresh_.push_back(Fresh{ret, elem, cpu_alias(out)});
-    return out;
-  }
-
-  const c10::OperatorHandle& op_;
-  GraphCapture& capture_;
-  const c10::DeviceIndex device_;
-  std::vector<c10::IValue> cpu_args_;
-  std::vector<c10::IValue> meta_args_;
-  std::vector<std::pair<at::Tensor, at::Tensor>> inputs_;  // (meta, device) per npu argument
-  std::unordered_map<c10::StorageImpl*, c10::Storage> cpu_storages_;
-  std::unordered_map<c10::StorageImpl*, c10::Storage> meta_storages_;
-  std::unordered_map<c10::StorageImpl*, c10::Storage> meta_to_device_;
-  std::unordered_map<c10::StorageImpl*, c10::Storage> fresh_storages_;
-  std::vector<Fresh> fresh_;
-  std::vector<c10::Storage> keep_alive_;
-};
-
-c10::DeviceIndex npu_device_of(const c10::IValue& v) {
-  if (v.isTensor()) {
-    const at::Tensor& t = v.toTensor();
-    return t.defined() && t.device().type() == kNpu ? t.device().index() : -1;
-  }
-  if (v.isTensorList()) {
-    for (const at::Tensor& t : v.toTensorList()) {
-      if (t.defined() && t.device().type() == kNpu) {
-        return t.device().index();
-      }
-    }
-  }
-  if (v.isDevice() && v.toDevice().type() == kNpu && v.toDevice().index() >= 0) {
-    return v.toDevice().index();
-  }
-  return -1;
-}
-
 }  // namespace
 
-// ---- hooks ------------------------------------------------------------------
+// ---- the capture and its pool --------------------------------------------------
 
-void capture_task(GraphCapture& capture, std::function<void()> fn, double duration_us) {
-  append(capture, GraphTask{std::move(fn), duration_us, "stream task"});
+c10::DataPtr GraphPool::allocate(c10::DeviceIndex device, size_t nbytes) {
+  auto block = std::make_shared<c10::DataPtr>(allocate_device(device, nbytes));
+  void* ptr = block->get();
+  {
+    std::lock_guard<std::mutex> lock(mutex);
+    blocks.push_back(block);
+  }
+  // The tensor shares ownership: a pool dropped by reset() must not free
+  // memory that a static output still points to.
+  auto* owner = new std::shared_ptr<c10::DataPtr>(std::move(block));
+  return c10::DataPtr(ptr, owner,
+      [](void* ctx) { delete static_cast<std::shared_ptr<c10::DataPtr>*>(ctx); },
+      c10::Device(c10::DeviceType::PrivateUse1, device));
 }
 
-void raise_capturing(GraphCapture& capture, const NpuStream& stream, const char* op) {
-  const std::string message = c10::str("operation not permitted when stream is capturing: ", op,
-      " waits on ", stream.name(), ", which an npu graph is capturing (no host synchronization "
-      "or host read of device data is possible during capture)");
+void GraphCapture::append(GraphTask task) {
+  std::lock_guard<std::mutex> lock(mutex);
+  tasks.push_back(std::move(task));
+}
+
+void GraphCapture::invalidate(const std::string& message) {
   {
-    std::lock_guard<std::mutex> lock(capture.mutex);
-    if (capture.invalidated.empty()) {
-      capture.invalidated = message;
+    std::lock_guard<std::mutex> lock(mutex);
+    if (invalidated.empty()) {
+      invalidated = message;
     }
   }
   TORCH_CHECK(false, message);
 }
 
-c10::DataPtr allocate_for_capture(c10::DeviceIndex device, size_t nbytes) {
-  if (g_captures_underway.load(std::memory_order_acquire) == 0) {
-    return {};
-  }
-  GraphCapture* capture = current_stream(device).capture();
-  if (capture == nullptr) {
-    return {};
-  }
-  return capture->pool->allocate(device, nbytes);
+void GraphCapture::add_task(std::function<void()> fn, double duration_us, const char*) {
+  append(GraphTask{std::move(fn), duration_us, "stream task"});
 }
 
-bool graph_capture_underway() {
-  return g_captures_underway.load(std::memory_order_acquire) != 0;
-}
-
-bool capture_fallback_op(const c10::OperatorHandle& op, torch::jit::Stack* stack) {
-  if (g_captures_underway.load(std::memory_order_acquire) == 0) {
-    return false;
-  }
-  const auto& arguments = op.schema().arguments();
-  const size_t first = stack->size() - arguments.size();
-  c10::DeviceIndex device = -1;
-  for (size_t i = first; i < stack->size() && device < 0; ++i) {
-    device = npu_device_of((*stack)[i]);
-  }
-  if (device < 0) {
-    device = current_device();
-  }
-  GraphCapture* capture = current_stream(device).capture();
-  if (capture == nullptr) {
-    return false;
-  }
-  OpRecorder recorder(op, *capture, device);
-  for (size_t i = 0; i < arguments.size(); ++i) {
-    recorder.add_argument((*stack)[first + i], is_optional_generator(arguments[i]));
-  }
-  std::vector<c10::IValue> outputs = recorder.record();
-  stack->erase(stack->begin() + static_cast<std::ptrdiff_t>(first), stack->end());
-  for (c10::IValue& v : outputs) {
-    stack->push_back(std::move(v));
-  }
-  return true;
+void GraphCapture::refuse_host_wait(const NpuStream& stream, const char* op) {
+  invalidate(c10::str("operation not permitted when stream is capturing: ", op,
+      " waits on ", stream.name(), ", which an npu graph is capturing (no host synchronization "
+      "or host read of device data is possible during capture)"));
 }
 
 // ---- the graph --------------------------------------------------------------
@@ -461,13 +162,17 @@ void NpuGraph::capture_begin(c10::MempoolId_t pool, const std::string& mode) {
   stream_ = &stream;
   device_ = device;
   pool_ = capture_->pool;
-  g_captures_underway.fetch_add(1, std::memory_order_acq_rel);
+  // The graph calls down into the floors below (as CUDA's capture_begin calls
+  // beginAllocateToPool): the fallback records ops, the allocator serves
+  // the stream's allocations from the pool, the stream records its tasks.
+  set_op_capture_hook(&capture_fallback_op);
+  begin_allocate_to_pool(stream, pool_.get());
   stream.set_capture(capture_.get());
 }
 
 void NpuGraph::end_capture() {
   stream_->set_capture(nullptr);
-  g_captures_underway.fetch_sub(1, std::memory_order_acq_rel);
+  end_allocate_to_pool(*stream_);
 }
 
 void NpuGraph::capture_end() {

@@ -2,9 +2,8 @@
 // its replay, with a private memory pool. See Note [NPU graph capture].
 #pragma once
 
-#include "runtime.h"
+#include "../runtime/stream.h"
 
-#include <ATen/core/dispatch/Dispatcher.h>
 #include <c10/core/Allocator.h>
 
 #include <functional>
@@ -14,31 +13,9 @@
 
 namespace npusim {
 
-struct GraphCapture;  // a capture underway on one stream
-struct GraphPool;     // a graph's private memory pool
-struct GraphTask {
-  std::function<void()> fn;
-  double duration_us;
-  std::string label;  // for debug_dump
-};
-
-// ---- hooks (each one load of an atomic while no capture is underway) ------
-
-// NpuStream::enqueue on a capturing stream: append the task to the capture.
-void capture_task(GraphCapture& capture, std::function<void()> fn, double duration_us);
-// A host wait on a capturing stream: invalidates the capture and raises
-// CUDA's "operation not permitted when stream is capturing".
-[[noreturn]] void raise_capturing(GraphCapture& capture, const NpuStream& stream, const char* op);
-// The device allocator while the current stream of `device` is capturing: a
-// block of the graph's pool; an empty DataPtr when no capture applies.
-c10::DataPtr allocate_for_capture(c10::DeviceIndex device, size_t nbytes);
-// The boxed fallback: records `op` into the capture of the current stream
-// (outputs from the op's meta shapes, in the pool) and leaves the outputs on
-// the stack. False (stack untouched) when that stream is not capturing.
-bool capture_fallback_op(const c10::OperatorHandle& op, torch::jit::Stack* stack);
-// Whether any stream is being captured (the unboxed fallback kernels then
-// take the boxed route, which capture_fallback_op can record).
-bool graph_capture_underway();
+struct GraphCapture;  // a capture underway on one stream (capture.h)
+struct GraphPool;     // a graph's private memory pool (capture.h)
+struct GraphTask;
 
 // ---- the graph --------------------------------------------------------------
 

@@ -1,9 +1,10 @@
-// Device and pinned host memory of the simulated NPU: a caching allocator
-// with per-device accounting (CUDA's DeviceStats) and capacity, and
-// stream-ordered release.
-#include "memory.h"
+// Device memory of the simulated NPU: a caching allocator with per-device
+// pools, accounting (CUDA's DeviceStats) and capacity, and stream-ordered
+// release. Pinned host memory is host_allocator.cpp's, the allocator lent to
+// CPU kernels cpu_allocator.cpp's.
+#include "device_allocator.h"
 
-#include "graph.h"
+#include "host_memory.h"
 #include "trace.h"
 
 #include <c10/core/CPUAllocator.h>
@@ -22,8 +23,6 @@
 #include <utility>
 
 namespace npusim {
-
-// ---- memory ---------------------------------------------------------------
 
 // Note [Stream-ordered free]
 // Device memory is host memory that stream workers read and write after the
@@ -53,25 +52,6 @@ namespace npusim {
 // caching allocator (see Note [CPU kernels allocate device memory]) is
 // adopted: accounted, but never cached, since the CPU allocator owns it.
 
-// Note [CPU kernels allocate device memory]
-// The fallback runs PyTorch's CPU kernels on device memory, and their fresh
-// outputs (and temporaries) are allocated with the CPU allocator. Rather than
-// adopting that host memory after the kernel (a host malloc, a segment that
-// is never cached, a host free at release, and statistics unlike CUDA's:
-// reserved memory that drops with every free), npusim installs a CPU
-// allocator that forwards to PyTorch's own except while a CpuAllocationsOnDevice
-// scope is active on the calling thread: then allocations come from the
-// device's caching allocator, on the current stream, exactly as the npu
-// output of a device kernel would (rounded, cached, counted in allocated and
-// reserved, visible in snapshots). While the CPU kernel holds such a block
-// ("lent") its DataPtr says CPU and has the pointer as its context, because
-// Allocator::raw_allocate insists on that (oneDNN's bf16 matmul uses it);
-// the deleter names the device and the pool's map of segments finds the
-// block. as_device_memory turns a lent block back into an ordinary npu
-// allocation; a temporary the kernel drops is freed like any npu block.
-// Worker threads of the kernel (at::parallel_for) do not see the scope and
-// allocate host memory, which the fallback then adopts. Nothing else changes
-// for CPU code: outside a scope the CPU allocator's own memory comes back.
 
 namespace {
 
@@ -79,19 +59,6 @@ constexpr size_t kMinBlockSize = 512;
 constexpr size_t kSmallSize = 1 << 20;
 constexpr size_t kLargeBuffer = 20 << 20;
 
-std::string format_bytes(int64_t n) {
-  std::ostringstream out;
-  const char* units[] = {"B", "KiB", "MiB", "GiB", "TiB"};
-  double v = static_cast<double>(n);
-  int u = 0;
-  while (v >= 1024.0 && u < 4) {
-    v /= 1024.0;
-    ++u;
-  }
-  out.precision(u == 0 ? 0 : 2);
-  out << std::fixed << v << " " << units[u];
-  return out.str();
-}
 
 int64_t now_us() {
   return std::chrono::duration_cast<std::chrono::microseconds>(
@@ -132,21 +99,16 @@ struct DevicePool {
 
 std::array<DevicePool, kMaxDevices>& g_pools = *new std::array<DevicePool, kMaxDevices>();
 std::atomic<size_t> g_pending_count{0};
+// Private pools by (device, stream): see begin_allocate_to_pool.
+std::atomic<int> g_routed_streams{0};
+std::array<std::atomic<PrivatePool*>, kMaxDevices * kStreamsPerDevice> g_routes{};
 std::atomic<bool> g_trace_enabled{false};
 std::atomic<size_t> g_trace_max{0};
 
 std::mutex& g_settings_mutex = *new std::mutex();
 AllocatorSettings g_settings;
 
-std::mutex& g_pinned_mutex = *new std::mutex();
-std::map<uintptr_t, size_t>& g_pinned_ranges = *new std::map<uintptr_t, size_t>();
-HostStats g_host_stats;
 
-void bump_peak(std::atomic<int64_t>& peak, int64_t value) {
-  int64_t prev = peak.load();
-  while (value > prev && !peak.compare_exchange_weak(prev, value)) {
-  }
-}
 
 // The aggregate and the block's pool (small or large); several per
 // allocation and free, so written out rather than looped.
@@ -236,9 +198,6 @@ int64_t free_cached_locked(DevicePool& p) {
   return released;
 }
 
-bool fence_passed(const Fence& fence) {
-  return fence.first->load(std::memory_order_acquire) >= fence.second;
-}
 
 // Moves pending frees whose fences have passed into the cache (lock held).
 int64_t reclaim_locked(DevicePool& p) {
@@ -369,9 +328,6 @@ void account_allocated_locked(DevicePool& p, Block* b, size_t requested, bool wa
   trace_locked(p, "alloc", *b);
 }
 
-// The device whose caching allocator serves this thread's CPU allocations
-// (-1: none); see Note [CPU kernels allocate device memory].
-thread_local c10::DeviceIndex tls_cpu_allocations_device = -1;
 
 // Reports an allocation or free to torch.profiler and the sanitizer. Called
 // without the pool lock: the sanitizer's observer takes the GIL, and a thread
@@ -396,33 +352,6 @@ void account_segment_locked(DevicePool& p, Block* b) {
   trace_locked(p, "segment_alloc", *b);
 }
 
-struct PendingPinned {
-  Block* block;
-  std::vector<Fence> fences;
-};
-std::mutex& g_pinned_pending_mutex = *new std::mutex();
-std::vector<PendingPinned>& g_pinned_pending = *new std::vector<PendingPinned>();
-
-void free_pinned(void* ctx) {
-  auto* b = static_cast<Block*>(ctx);
-  g_host_stats.allocated.fetch_sub(static_cast<int64_t>(b->size));
-  g_host_stats.num_frees.fetch_add(1);
-  {
-    std::lock_guard<std::mutex> lock(g_pinned_mutex);
-    g_pinned_ranges.erase(reinterpret_cast<uintptr_t>(b->ptr));
-  }
-  // Pinned memory may be the source or target of queued copies: released
-  // only after every pending stream passes, like device memory.
-  auto fences = pending_stream_fences();
-  if (!fences.empty()) {
-    std::lock_guard<std::mutex> lock(g_pinned_pending_mutex);
-    g_pinned_pending.push_back(PendingPinned{b, std::move(fences)});
-    g_pending_count.fetch_add(1);
-    return;
-  }
-  std::free(b->ptr);
-  delete b;
-}
 
 // Frees allocation `b` of pool `p` (locked by `lock`); `fences` are the
 // streams with unfinished work at the time of the free.
@@ -459,85 +388,21 @@ void free_block(void* ctx) {
   free_locked(p, b, std::move(fences), lock);
 }
 
-// ---- memory lent to CPU kernels ------------------------------------------------
 
-// Blocks handed to a CPU kernel and not yet claimed back by as_device_memory
-// nor freed: while there are none, a raw_deallocate of host memory looks
-// nowhere else.
-std::atomic<int64_t> g_lent_blocks{0};
-c10::DeleterFnPtr g_host_raw_deleter = nullptr;
-
-// A lent block's DataPtr has the pointer as its context (raw_allocate,
-// which oneDNN's bf16 matmul uses, insists on it); the deleter says the
-// device, the pool's map of segments finds the block.
-void free_lent(c10::DeviceIndex device, void* ptr) {
-  auto fences = pending_stream_fences();
-  DevicePool& p = g_pools[device];
-  std::unique_lock<std::mutex> lock(p.mutex);
-  Block* b = p.blocks.at(ptr);
-  g_lent_blocks.fetch_sub(1, std::memory_order_relaxed);
-  free_locked(p, b, std::move(fences), lock);
-}
-
-template <size_t D>
-void free_lent_on(void* ptr) {
-  free_lent(static_cast<c10::DeviceIndex>(D), ptr);
-}
-
-template <size_t... D>
-constexpr std::array<c10::DeleterFnPtr, sizeof...(D)> lent_deleters(std::index_sequence<D...>) {
-  return {&free_lent_on<D>...};
-}
-constexpr std::array<c10::DeleterFnPtr, kMaxDevices> kLentDeleters =
-    lent_deleters(std::make_index_sequence<kMaxDevices>());
-
-// The device of a lent block's DataPtr, or -1.
-c10::DeviceIndex lent_device(const c10::DataPtr& data) {
-  for (size_t d = 0; d < kLentDeleters.size(); ++d) {
-    if (data.get_deleter() == kLentDeleters[d]) {
-      return static_cast<c10::DeviceIndex>(d);
-    }
-  }
-  return -1;
-}
-
-void raw_free_cpu(void* ptr) {
-  if (g_lent_blocks.load(std::memory_order_relaxed) > 0) {
-    for (int d = 0; d < device_count(); ++d) {
-      DevicePool& p = g_pools[d];
-      bool lent = false;
-      {
-        std::lock_guard<std::mutex> lock(p.mutex);
-        auto it = p.blocks.find(ptr);
-        lent = it != p.blocks.end() && it->second->allocated && !it->second->adopted;
-      }
-      if (lent) {
-        free_lent(static_cast<c10::DeviceIndex>(d), ptr);
-        return;
-      }
-    }
-  }
-  g_host_raw_deleter(ptr);
-}
-
-void* raw_alloc(size_t nbytes) {
-  void* ptr = nullptr;
-  const size_t rounded = (nbytes + 63) / 64 * 64;
-  if (posix_memalign(&ptr, 64, rounded) != 0) {
-    return nullptr;
-  }
-  return ptr;
-}
 
 // A c10::DeviceAllocator so that torch.accelerator's memory functions work.
 class DeviceAllocator final : public c10::DeviceAllocator {
  public:
   c10::DataPtr allocate(size_t nbytes) override {
-    // See Note [NPU graph memory] (graph.cpp).
-    if (c10::DataPtr pooled = allocate_for_capture(current_device(), nbytes)) {
-      return pooled;
+    const c10::DeviceIndex device = current_device();
+    if (C10_UNLIKELY(g_routed_streams.load(std::memory_order_acquire) != 0)) {
+      // A private pool takes the allocations of its stream (an npu graph's capture).
+      const NpuStream& stream = current_stream(device);
+      if (PrivatePool* pool = g_routes[device * kStreamsPerDevice + stream.id()].load(std::memory_order_acquire)) {
+        return pool->allocate(device, nbytes);
+      }
     }
-    return allocate_device(current_device(), nbytes);
+    return allocate_device(device, nbytes);
   }
   void copy_data(void* dest, const void* src, std::size_t count) const override {
     std::memcpy(dest, src, count);
@@ -565,45 +430,14 @@ class DeviceAllocator final : public c10::DeviceAllocator {
   }
 };
 
-// PyTorch's CPU allocator, except inside a CpuAllocationsOnDevice scope; see
-// Note [CPU kernels allocate device memory].
-class CpuAllocator final : public c10::Allocator {
- public:
-  explicit CpuAllocator(c10::Allocator* host) : host_(host) {}
-  c10::DataPtr allocate(size_t nbytes) override {
-    const c10::DeviceIndex device = tls_cpu_allocations_device;
-    if (device < 0 || nbytes == 0) {
-      return host_->allocate(nbytes);
-    }
-    c10::DataPtr block = allocate_device(device, nbytes);
-    void* const ptr = block.get();
-    block.release_context();  // the pool's map of segments knows the block
-    g_lent_blocks.fetch_add(1, std::memory_order_relaxed);
-    return c10::DataPtr(ptr, ptr, kLentDeleters[device], c10::Device(c10::DeviceType::CPU));
-  }
-  c10::DeleterFnPtr raw_deleter() const override {
-    return g_host_raw_deleter == nullptr ? nullptr : &raw_free_cpu;
-  }
-  void copy_data(void* dest, const void* src, std::size_t count) const override {
-    std::memcpy(dest, src, count);
-  }
 
- private:
-  c10::Allocator* const host_;
-};
-
-class PinnedAllocator final : public c10::Allocator {
- public:
-  c10::DataPtr allocate(size_t nbytes) override {
-    return allocate_pinned(nbytes);
-  }
-  void copy_data(void* dest, const void* src, std::size_t count) const override {
-    std::memcpy(dest, src, count);
-  }
-};
 
 DevicePool& pool(c10::DeviceIndex device, const char* op) {
   check_device_index(device, op);
+  // The streams' completion hook releases this allocator's deferred frees;
+  // installed with the first use of a pool, before any free can be deferred.
+  static const bool hooked = (add_completion_hook(&maybe_reclaim_deferred_frees), true);
+  (void)hooked;
   return g_pools[device];
 }
 
@@ -620,10 +454,6 @@ c10::Allocator* device_allocator() {
   return &allocator;
 }
 
-c10::Allocator* pinned_allocator() {
-  static PinnedAllocator allocator;
-  return &allocator;
-}
 
 c10::DataPtr allocate_device(c10::DeviceIndex device, size_t nbytes) {
   DevicePool& p = pool(device, "npu allocate");
@@ -661,45 +491,7 @@ c10::DataPtr allocate_device(c10::DeviceIndex device, size_t nbytes) {
   return c10::DataPtr(b->ptr, b, &free_block, dev);
 }
 
-CpuAllocationsOnDevice::CpuAllocationsOnDevice(c10::DeviceIndex device)
-    : saved_(tls_cpu_allocations_device) {
-  tls_cpu_allocations_device = device;
-}
 
-CpuAllocationsOnDevice::~CpuAllocationsOnDevice() {
-  tls_cpu_allocations_device = saved_;
-}
-
-void install_cpu_allocator() {
-  static std::once_flag once;
-  std::call_once(once, [] {
-    c10::Allocator* host = c10::GetCPUAllocator();
-    g_host_raw_deleter = host->raw_deleter();
-    static CpuAllocator allocator(host);
-    c10::SetCPUAllocator(&allocator);
-  });
-}
-
-c10::DataPtr as_device_memory(c10::DataPtr&& cpu, size_t nbytes, c10::DeviceIndex device) {
-  const c10::DeviceIndex lent = lent_device(cpu);
-  if (lent >= 0) {
-    // A block of the caching allocator lent to the CPU kernel: it becomes an
-    // ordinary npu allocation again.
-    void* const ptr = cpu.get();
-    cpu.release_context();
-    Block* b = nullptr;
-    {
-      std::lock_guard<std::mutex> lock(g_pools[lent].mutex);
-      b = g_pools[lent].blocks.at(ptr);
-    }
-    g_lent_blocks.fetch_sub(1, std::memory_order_relaxed);
-    return c10::DataPtr(ptr, b, &free_block, c10::Device(c10::DeviceType::PrivateUse1, lent));
-  }
-  if (cpu.get() == nullptr) {
-    return c10::DataPtr(nullptr, c10::Device(c10::DeviceType::PrivateUse1, device));  // nothing to account
-  }
-  return adopt_as_device(std::move(cpu), nbytes, device);
-}
 
 c10::DataPtr adopt_as_device(c10::DataPtr&& cpu, size_t nbytes, c10::DeviceIndex device) {
   DevicePool& p = pool(device, "npu adopt");
@@ -719,35 +511,6 @@ c10::DataPtr adopt_as_device(c10::DataPtr&& cpu, size_t nbytes, c10::DeviceIndex
   return c10::DataPtr(ptr, b, &free_block, c10::Device(c10::DeviceType::PrivateUse1, device));
 }
 
-c10::DataPtr allocate_pinned(size_t nbytes) {
-  start_runtime();
-  maybe_reclaim_deferred_frees();
-  void* ptr = nbytes == 0 ? nullptr : raw_alloc(nbytes);
-  TORCH_CHECK_WITH(OutOfMemoryError, nbytes == 0 || ptr != nullptr,
-      "pinned host allocation of ", format_bytes(static_cast<int64_t>(nbytes)), " failed");
-  auto* block = new Block();
-  block->ptr = ptr;
-  block->size = nbytes;
-  if (ptr != nullptr) {
-    std::lock_guard<std::mutex> lock(g_pinned_mutex);
-    g_pinned_ranges[reinterpret_cast<uintptr_t>(ptr)] = nbytes;
-  }
-  bump_peak(g_host_stats.peak_allocated, g_host_stats.allocated.fetch_add(static_cast<int64_t>(nbytes)) +
-      static_cast<int64_t>(nbytes));
-  g_host_stats.num_allocs.fetch_add(1);
-  return c10::DataPtr(ptr, block, &free_pinned, c10::Device(c10::DeviceType::CPU));
-}
-
-bool is_pinned_ptr(const void* ptr) {
-  const auto p = reinterpret_cast<uintptr_t>(ptr);
-  std::lock_guard<std::mutex> lock(g_pinned_mutex);
-  auto it = g_pinned_ranges.upper_bound(p);
-  if (it == g_pinned_ranges.begin()) {
-    return false;
-  }
-  --it;
-  return p < it->first + std::max<size_t>(it->second, 1);
-}
 
 int64_t reclaim_deferred_frees() {
   int64_t moved = 0;
@@ -758,24 +521,45 @@ int64_t reclaim_deferred_frees() {
       moved += reclaim_locked(p);
     }
   }
-  std::vector<Block*> pinned_ready;
-  {
-    std::lock_guard<std::mutex> lock(g_pinned_pending_mutex);
-    auto keep = std::stable_partition(g_pinned_pending.begin(), g_pinned_pending.end(),
-        [](const PendingPinned& pending) {
-          return !std::all_of(pending.fences.begin(), pending.fences.end(), fence_passed);
-        });
-    for (auto it = keep; it != g_pinned_pending.end(); ++it) {
-      pinned_ready.push_back(it->block);
-    }
-    g_pending_count.fetch_sub(static_cast<size_t>(std::distance(keep, g_pinned_pending.end())));
-    g_pinned_pending.erase(keep, g_pinned_pending.end());
-  }
-  for (Block* b : pinned_ready) {
-    std::free(b->ptr);
-    delete b;
-  }
   return moved;
+}
+
+bool is_lent_block(c10::DeviceIndex device, const void* ptr) {
+  DevicePool& p = g_pools[device];
+  std::lock_guard<std::mutex> lock(p.mutex);
+  auto it = p.blocks.find(ptr);
+  return it != p.blocks.end() && it->second->allocated && !it->second->adopted;
+}
+
+void free_block_at(c10::DeviceIndex device, void* ptr) {
+  auto fences = pending_stream_fences();
+  DevicePool& p = g_pools[device];
+  std::unique_lock<std::mutex> lock(p.mutex);
+  Block* b = p.blocks.at(ptr);
+  free_locked(p, b, std::move(fences), lock);
+}
+
+c10::DataPtr claim_block(c10::DeviceIndex device, void* ptr) {
+  Block* b = nullptr;
+  {
+    std::lock_guard<std::mutex> lock(g_pools[device].mutex);
+    b = g_pools[device].blocks.at(ptr);
+  }
+  return c10::DataPtr(ptr, b, &free_block, c10::Device(c10::DeviceType::PrivateUse1, device));
+}
+
+void begin_allocate_to_pool(const NpuStream& stream, PrivatePool* pool) {
+  auto& route = g_routes[stream.device() * kStreamsPerDevice + stream.id()];
+  if (route.exchange(pool, std::memory_order_acq_rel) == nullptr) {
+    g_routed_streams.fetch_add(1, std::memory_order_acq_rel);
+  }
+}
+
+void end_allocate_to_pool(const NpuStream& stream) {
+  auto& route = g_routes[stream.device() * kStreamsPerDevice + stream.id()];
+  if (route.exchange(nullptr, std::memory_order_acq_rel) != nullptr) {
+    g_routed_streams.fetch_sub(1, std::memory_order_acq_rel);
+  }
 }
 
 void empty_cache() {
@@ -932,8 +716,5 @@ std::vector<TraceEntry> memory_trace(c10::DeviceIndex device) {
   return {p.trace.begin(), p.trace.end()};
 }
 
-const HostStats& host_stats() {
-  return g_host_stats;
-}
 
 }  // namespace npusim

@@ -1,9 +1,11 @@
-// Device and pinned host memory of the simulated NPU (memory.cpp): a caching
-// allocator with CUDA's statistics, per-device capacity, and stream-ordered
-// release (see Note [Stream-ordered free] and Note [Caching allocator]).
+// Device memory of the simulated NPU (device_allocator.cpp): a caching
+// allocator with a pool per device, CUDA's statistics, per-device capacity,
+// and stream-ordered release (see Note [Stream-ordered free] and Note
+// [Caching allocator]). It knows nothing of graphs: a private pool reaches
+// it through begin_allocate_to_pool, which the graph calls.
 #pragma once
 
-#include "runtime.h"
+#include "stream.h"
 
 #include <c10/core/Allocator.h>
 #include <c10/core/CachingDeviceAllocator.h>
@@ -15,38 +17,16 @@
 
 namespace npusim {
 
-// ---- memory ---------------------------------------------------------------
-
 c10::Allocator* device_allocator();
-c10::Allocator* pinned_allocator();
 c10::DataPtr allocate_device(c10::DeviceIndex device, size_t nbytes);
 // Takes ownership of host memory produced by a CPU kernel and accounts it
 // as device memory of `device` (raises OutOfMemoryError over capacity).
 c10::DataPtr adopt_as_device(c10::DataPtr&& cpu, size_t nbytes, c10::DeviceIndex device);
-// Memory that a CPU kernel produced, as device memory of `device`: a block
-// it allocated inside a CpuAllocationsOnDevice scope as it is, anything else
-// adopted (adopt_as_device).
-c10::DataPtr as_device_memory(c10::DataPtr&& cpu, size_t nbytes, c10::DeviceIndex device);
-// While alive, this thread's CPU allocations come from `device`'s caching
-// allocator (-1: from PyTorch's CPU allocator again); scopes nest. See
-// Note [CPU kernels allocate device memory].
-class CpuAllocationsOnDevice {
- public:
-  explicit CpuAllocationsOnDevice(c10::DeviceIndex device);
-  ~CpuAllocationsOnDevice();
-  CpuAllocationsOnDevice(const CpuAllocationsOnDevice&) = delete;
-  CpuAllocationsOnDevice& operator=(const CpuAllocationsOnDevice&) = delete;
 
- private:
-  c10::DeviceIndex saved_;
-};
-// Makes PyTorch's CPU allocator honour CpuAllocationsOnDevice; idempotent.
-void install_cpu_allocator();
-c10::DataPtr allocate_pinned(size_t nbytes);
-bool is_pinned_ptr(const void* ptr);
 // Moves freed blocks that no stream can still touch to the cache; returns their bytes.
 int64_t reclaim_deferred_frees();
-// Cheap when nothing is pending; called after every task and allocation.
+// Cheap when nothing is pending; the streams' completion hook, and called
+// before every allocation.
 void maybe_reclaim_deferred_frees();
 // Returns every cached (free, untouchable) block to the host.
 void empty_cache();
@@ -67,7 +47,7 @@ void set_memory_fraction(c10::DeviceIndex device, double fraction);
 // (free, total): total is the capacity, free what is not reserved.
 std::pair<size_t, size_t> memory_info(c10::DeviceIndex device);
 
-// PYTORCH_NPU_ALLOC_CONF, parsed by Python (npusim.config).
+// PYTORCH_NPU_ALLOC_CONF, parsed once by Python (npusim.config) and held here.
 struct AllocatorSettings {
   size_t max_split_size = SIZE_MAX;  // blocks at least this big are "oversize"
   double garbage_collection_threshold = 0.0;  // 0: off
@@ -106,12 +86,27 @@ struct TraceEntry {
 void record_memory_history(bool enabled, size_t max_entries);
 std::vector<TraceEntry> memory_trace(c10::DeviceIndex device);
 
-struct HostStats {
-  std::atomic<int64_t> allocated{0};
-  std::atomic<int64_t> peak_allocated{0};
-  std::atomic<int64_t> num_allocs{0};
-  std::atomic<int64_t> num_frees{0};
+// ---- private pools (CUDA's beginAllocateToPool) -------------------------------
+
+// A pool that takes the allocations made while one stream is current (an
+// npu graph's, Note [NPU graph memory]).
+class PrivatePool {
+ public:
+  virtual ~PrivatePool() = default;
+  virtual c10::DataPtr allocate(c10::DeviceIndex device, size_t nbytes) = 0;
 };
-const HostStats& host_stats();
+// Until end_allocate_to_pool(stream), device_allocator()'s allocations on
+// stream's device while `stream` is the current stream come from `pool`.
+void begin_allocate_to_pool(const NpuStream& stream, PrivatePool* pool);
+void end_allocate_to_pool(const NpuStream& stream);
+
+// ---- blocks lent to CPU kernels (cpu_allocator.cpp) ----------------------------
+
+// Whether `ptr` is an allocated block of `device`'s pool (not adopted memory).
+bool is_lent_block(c10::DeviceIndex device, const void* ptr);
+// Frees the block at `ptr`, as its npu DataPtr's deleter would.
+void free_block_at(c10::DeviceIndex device, void* ptr);
+// The ordinary npu DataPtr of the block at `ptr`.
+c10::DataPtr claim_block(c10::DeviceIndex device, void* ptr);
 
 }  // namespace npusim

@@ -1,17 +1,16 @@
-// The simulated NPU runtime: devices, streams, events, device and pinned host
-// memory, and the timing model. Names follow the ACL / CUDA runtime calls they
-// stand for. Everything here is plumbing; policy lives in Python.
+// Streams of the simulated NPU: FIFOs of host functions, each run by its own
+// worker thread, and the fences that stream-ordered frees wait for. Streams
+// know nothing of what runs on them: a capture (an npu graph) and the
+// allocator's release of frees reach them through the hooks below, which the
+// floors above install.
 #pragma once
 
-#include "npu_type.h"
+#include "device.h"
 #include "trace.h"
 
-#include <c10/core/Allocator.h>
-#include <c10/core/Device.h>
 #include <c10/core/Stream.h>
 
 #include <atomic>
-#include <chrono>
 #include <condition_variable>
 #include <cstdint>
 #include <deque>
@@ -20,46 +19,34 @@
 #include <mutex>
 #include <string>
 #include <thread>
+#include <utility>
 #include <vector>
 
 namespace npusim {
 
-struct GraphCapture;  // graph.h
+class NpuStream;
 
-constexpr int kMaxDevices = 16;
-// Streams per device: the default stream (id 0) plus a pool per priority.
-constexpr int kPoolSize = 8;
-constexpr int kPriorityLevels = 2;  // 0: normal, 1: high (priority < 0)
-constexpr int kStreamsPerDevice = 1 + kPoolSize * kPriorityLevels;
-
-// ---- devices --------------------------------------------------------------
-
-int device_count();
-// Only allowed before the first device is touched.
-void set_device_count(int count);
-c10::DeviceIndex current_device();
-void set_current_device(c10::DeviceIndex index);
-// Also raises in a child forked after the npu was used (Note [Fork after npu use]).
-void check_device_index(int64_t index, const char* op);
-// True in a child process forked after the parent used the npu.
-bool in_bad_fork();
-// NPUSIM_LAUNCH_BLOCKING, parsed by Python (npusim.config) and set here.
-void set_launch_blocking(bool blocking);
-
-// ---- timing model ---------------------------------------------------------
-
-// All zero (off) by default: tasks then take as long as the host work does.
-// The same fields and units as Python's npusim.timing.TimingModel.
-struct TimingModel {
-  std::atomic<double> copy_gbps{0.0};  // device copy bandwidth, GB/s
-  std::atomic<double> launch_us{0.0};  // latency of each device task, microseconds
-  std::atomic<double> link_gbps{0.0};  // collective / cross-device link bandwidth, GB/s
+// What a stream asks while it is captured (an npu graph, graph/graph.cpp,
+// implements it; Note [NPU graph capture]).
+class StreamCapture {
+ public:
+  virtual ~StreamCapture() = default;
+  // NpuStream::enqueue on the captured stream: the task is recorded, not run.
+  virtual void add_task(std::function<void()> fn, double duration_us, const char* op) = 0;
+  // A host wait on the captured stream: invalidates the capture and raises
+  // CUDA's "operation not permitted when stream is capturing".
+  [[noreturn]] virtual void refuse_host_wait(const NpuStream& stream, const char* op) = 0;
 };
-TimingModel& timing_model();
-double copy_task_us(size_t bytes);
-double link_task_us(size_t bytes);
 
-// ---- streams --------------------------------------------------------------
+// Whether any stream of the process is being captured (one atomic load).
+bool any_stream_capturing();
+
+// Called after each task a stream worker completes and after each host
+// synchronize: the allocators install their release of frees whose fences
+// have passed (Note [Stream-ordered free]). At most kMaxCompletionHooks.
+using CompletionHook = void (*)();
+constexpr int kMaxCompletionHooks = 4;
+void add_completion_hook(CompletionHook hook);
 
 // A stream is a FIFO of host functions run by its own worker thread. The
 // enqueued/completed counters make query() honest: a popped task that is
@@ -92,10 +79,11 @@ class NpuStream {
   int priority() const { return priority_; }
   std::string name() const;
   c10::Stream unwrap() const;
-  // Set while an npu graph captures this stream: enqueue then records into
-  // the graph and synchronize raises (Note [NPU graph capture], graph.cpp).
-  GraphCapture* capture() const { return capture_.load(std::memory_order_acquire); }
-  void set_capture(GraphCapture* capture) { capture_.store(capture, std::memory_order_release); }
+  // Set while this stream is captured: enqueue then hands tasks to the
+  // capture and synchronize raises (Note [NPU graph capture]).
+  StreamCapture* capture() const { return capture_.load(std::memory_order_acquire); }
+  // Begins (non-null) or ends (null) a capture of this stream.
+  void set_capture(StreamCapture* capture);
 
  private:
   struct Task {
@@ -120,7 +108,7 @@ class NpuStream {
   std::atomic<uint64_t> enqueued_{0};
   std::atomic<uint64_t> completed_{0};
   std::string error_;  // first failure of an asynchronous task: "<op> failed: <message>"
-  std::atomic<GraphCapture*> capture_{nullptr};
+  std::atomic<StreamCapture*> capture_{nullptr};
   std::unique_ptr<std::thread> worker_;
 };
 
@@ -143,13 +131,14 @@ FenceCounter* new_fence_counter();
 
 // A fence: (completion counter, value it must reach).
 using Fence = std::pair<const std::atomic<uint64_t>*, uint64_t>;
+inline bool fence_passed(const Fence& fence) {
+  return fence.first->load(std::memory_order_acquire) >= fence.second;
+}
 // One fence per stream or fence counter with unfinished work: a block freed
 // now may be released once every fence has passed.
 std::vector<Fence> pending_stream_fences();
 // Creates the streams (once); fixes the device count.
 void start_runtime();
-// True on a stream's worker thread (which must never wait on streams).
-bool on_stream_worker();
 void synchronize_all();
 // Cheap check used before every host-side op: waits only if work is pending
 // (and raises while the stream is capturing, where no host wait is possible).
@@ -184,30 +173,5 @@ inline bool tasks_must_show(const NpuStream& stream) {
 inline bool done_on_the_host_now(const NpuStream& stream) {
   return !tasks_must_show(stream) && stream.query();
 }
-
-// ---- events ---------------------------------------------------------------
-
-struct EventRecord {
-  std::mutex mutex;
-  std::condition_variable cv;
-  bool done = false;
-  std::chrono::steady_clock::time_point when;
-};
-
-// A recorded event points at the record of its latest record() call; waiting
-// streams capture that record, so re-recording never releases old waiters.
-struct NpuEvent {
-  bool enable_timing = false;
-  c10::DeviceIndex device = -1;
-  std::shared_ptr<EventRecord> record;
-};
-
-void event_record(NpuEvent& event, NpuStream& stream);
-void stream_wait_event(NpuStream& stream, const NpuEvent& event);
-bool event_query(const NpuEvent& event);
-void event_synchronize(const NpuEvent& event);
-double event_elapsed_ms(const NpuEvent& start, const NpuEvent& end);
-// Makes `waiter` wait for everything enqueued on `target` so far.
-void stream_wait_stream(NpuStream& waiter, NpuStream& target);
 
 }  // namespace npusim

@@ -1,7 +1,5 @@
 #include "trace.h"
 
-#include "memory.h"
-
 #include <c10/core/Allocator.h>
 #include <c10/util/ThreadLocalDebugInfo.h>
 #include <c10/util/StringUtil.h>
@@ -54,9 +52,6 @@ void note_memory(void* ptr, int64_t delta, int64_t allocated, int64_t reserved, 
                                      : c10::Device(c10::DeviceType::PrivateUse1, device);
   c10::reportMemoryUsageToProfiler(ptr, delta, static_cast<size_t>(allocated), static_cast<size_t>(reserved), dev);
   if (MemoryHook hook = g_memory_hook.load(std::memory_order_acquire)) {
-    // Observers (the sanitizer's, in Python) may make CPU tensors of their
-    // own, which must not come from device memory even inside a CPU kernel.
-    const CpuAllocationsOnDevice host(-1);
     hook(MemoryEvent{reinterpret_cast<uintptr_t>(ptr), delta, device});
   }
 }
