@@ -1,13 +1,14 @@
-"""Registers the simulated ``npu`` device with PyTorch, once, on first import.
-
-Every layer that needs the device (``ops/``, ``distributed/``, the tools)
-imports this module, never the package face ``npusim/__init__.py``: the face
-imports those layers, and an import back up to it would be a circle.
+"""Registers the simulated ``npu`` device with PyTorch: :func:`register`, the one
+ordered registration step, which the package face ``npusim/__init__.py`` calls
+once (importing this module registers nothing).
 
 What registration does: checks that no other backend owns PrivateUse1, hands
 the C++ core the environment's settings (see :mod:`npusim.config`), installs
 the device guard, hooks and allocator, names PrivateUse1 ``npu``, registers
-``torch.npu`` and generates the ``Tensor.npu()`` methods.
+``torch.npu`` and generates the ``Tensor.npu()`` methods; then it runs the
+layers' registrations it is handed, in their order (the op plugin's kernels,
+the collective backend, torch.compile, the sanitizer). The layers are handed
+in by the face because they sit above this module: it imports none of them.
 """
 
 from __future__ import annotations
@@ -15,6 +16,7 @@ from __future__ import annotations
 import atexit
 import sys
 import time
+from collections.abc import Callable
 
 import torch
 
@@ -62,7 +64,21 @@ def apply_settings() -> None:
                                conf.garbage_collection_threshold, conf.roundup_power2_divisions)
 
 
-def _register() -> None:
+_registered = False
+
+
+def register(*layers: Callable[[], None]) -> None:
+    """Registers the npu device and ``torch.npu``, then calls each of ``layers`` in order; once."""
+    global _registered
+    if _registered:
+        return
+    _registered = True
+    _register_device()
+    for layer in layers:
+        layer()
+
+
+def _register_device() -> None:
     _check_privateuse1_is_free()
     apply_settings()
     from npusim.runtime import acl
@@ -103,5 +119,3 @@ def _drain_at_exit() -> None:
     acl.synchronize_all()
     time.sleep(0.05)
 
-
-_register()
