@@ -46,20 +46,14 @@ def _check_privateuse1_is_free() -> None:
             f"npusim cannot be imported: torch.npu is already provided by {torch.npu.__name__!r}.")
 
 
-# Physical NPUs of the simulated node when NPUSIM_DEVICE_COUNT is unset (csrc/runtime.cpp's default).
-DEFAULT_DEVICE_COUNT = 8
-
-
 def apply_settings() -> None:
     """Hands the C++ core the settings it needs before the first device is used."""
     from npusim.runtime import acl
 
-    count = config.env("NPUSIM_DEVICE_COUNT")
-    physical = config.parse_int(count, "NPUSIM_DEVICE_COUNT", 1, 16) if count else DEFAULT_DEVICE_COUNT
-    visible = config.parse_visible_devices(config.raw("ASCEND_RT_VISIBLE_DEVICES"), physical)
-    acl.set_device_count(len(visible))
-    acl.set_launch_blocking(config.parse_bool(config.env("NPUSIM_LAUNCH_BLOCKING"), "NPUSIM_LAUNCH_BLOCKING"))
-    conf = config.parse_alloc_conf(config.env("PYTORCH_NPU_ALLOC_CONF"))
+    physical = config.device_count(acl.DEFAULT_DEVICE_COUNT, acl.MAX_DEVICES)
+    acl.set_device_count(len(config.visible_devices(physical)))
+    acl.set_launch_blocking(config.launch_blocking())
+    conf = config.alloc_conf()
     acl.set_allocator_settings(-1 if conf.max_split_size is None else conf.max_split_size,
                                conf.garbage_collection_threshold, conf.roundup_power2_divisions)
 
@@ -96,8 +90,7 @@ def _register_device() -> None:
 
     timing.apply_env()
     # The device's total memory: the profile's HBM size unless NPUSIM_MEMORY_CAPACITY says otherwise.
-    capacity = config.env("NPUSIM_MEMORY_CAPACITY")
-    nbytes = config.parse_bytes(capacity, "NPUSIM_MEMORY_CAPACITY") if capacity else None
+    nbytes = config.memory_capacity()
     for index in range(acl.device_count()):
         memory.set_memory_capacity(nbytes, index)
 

@@ -34,7 +34,7 @@ from npusim.ops.trace import CallRecord, GroupRecord, Route
 from npusim.runtime import acl, profiles
 
 CHUNK = acl.SINGLE_FOREACH_OP_TENSOR_COUNT  # pairs per device task (aclnnForeachCopy limit)
-MODES = ("aligned", "legacy")
+MODES = config.FOREACH_COPY_MODES
 MODE_ENV = "NPUSIM_FOREACH_COPY_MODE"
 
 # Note [Legacy mode]
@@ -56,7 +56,7 @@ def _range(route: Route) -> AbstractContextManager[object]:
 
 
 def _mode_from_env() -> str:
-    return config.parse_choice(config.env(MODE_ENV), MODE_ENV, MODES)
+    return config.foreach_copy_mode()
 
 
 _mode: str = _mode_from_env()

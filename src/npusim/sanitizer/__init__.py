@@ -191,5 +191,5 @@ def enabled(on_race: OnRace = "raise") -> Iterator[Sanitizer]:
 
 
 def enable_from_env() -> None:
-    if config.parse_bool(config.env(ENV), ENV):
+    if config.sanitizer():
         enable()
