@@ -37,9 +37,6 @@ PROVIDED_BY_GRAPHS_MODULE: tuple[str, ...] = (
 )
 
 NOT_APPLICABLE: dict[str, str] = {
-    "MemPool": "private memory pools (CUDA-graph pools, custom allocators) are not simulated; every "
-               "allocation comes from the device's one caching pool",
-    "use_mem_pool": "private memory pools are not simulated (see MemPool)",
     "change_current_allocator": "the device core's caching allocator is the only one; pluggable allocators "
                                 "are not simulated",
     "current_blas_handle": "there is no BLAS handle: matrix products run PyTorch's CPU kernels",

@@ -13,6 +13,7 @@
 #include <c10/core/DeviceGuard.h>
 #include <c10/util/Exception.h>
 
+#include <algorithm>
 #include <unordered_map>
 
 namespace npusim {
@@ -85,6 +86,11 @@ class OpRecorder {
             " returns a host value computed from device data");
       }
     }
+    // The pool holds its own blocks (Note [NPU graph memory]): a temporary
+    // freed during capture must go back to it for later ops to reuse.
+    keep_alive_.erase(std::remove_if(keep_alive_.begin(), keep_alive_.end(), [&](const c10::Storage& s) {
+      return pool_of(device_, s.data()) == capture_->pool;
+    }), keep_alive_.end());
     auto call = std::make_shared<Call>(Call{op_, std::move(cpu_args_), std::move(fresh_),
         std::move(keep_alive_), device_});
     capture_->append(GraphTask{[call] { call->run(); }, 0.0, name});
@@ -101,7 +107,7 @@ class OpRecorder {
     c10::OperatorHandle op;
     std::vector<c10::IValue> args;
     std::vector<Fresh> fresh;
-    std::vector<c10::Storage> keep_alive;  // the device memory the call reads and writes
+    std::vector<c10::Storage> keep_alive;  // the memory outside the graph's pool the call reads and writes
     c10::DeviceIndex device;
 
     void run() const {
@@ -201,10 +207,10 @@ class OpRecorder {
     auto fresh = fresh_storages_.find(key);
     if (fresh == fresh_storages_.end()) {
       const size_t nbytes = meta.storage().nbytes();
-      c10::Storage storage(c10::Storage::use_byte_size_t(), nbytes,
-          capture_->pool->allocate(device_, nbytes), device_allocator(), /*resizable=*/true);
+      // From the graph's pool: the current stream is the captured one.
+      c10::Storage storage(c10::Storage::use_byte_size_t(), nbytes, allocate_device(device_, nbytes),
+          device_allocator(), /*resizable=*/true);
       fresh = fresh_storages_.emplace(key, storage).first;
-      keep_alive_.push_back(storage);
     }
     at::Tensor out = device_tensor_over(fresh->second, meta);
     fresh_.push_back(Fresh{ret, elem, cpu_alias(out)});
