@@ -18,6 +18,7 @@ from types import ModuleType
 import torch.distributed as dist
 
 from npusim._build import load_extension
+from npusim._device import synchronize_all_at_exit
 from npusim.runtime import acl
 
 BACKEND_NAME = "hccl"
@@ -46,7 +47,7 @@ def load() -> ModuleType:
 def _drain_at_exit() -> None:
     """Lets comm streams drop the tensors of finished collectives before finalization."""
     try:
-        acl.synchronize_all()  # device tasks waiting for collectives let them finish first
+        synchronize_all_at_exit()  # device tasks waiting for collectives let them finish first
     finally:
         if _extension is not None:
             _extension.drain_releases(DRAIN_AT_EXIT_S)
