@@ -8,3 +8,4 @@
 #include "../generator.cpp"
 #include "../random_ops.cpp"
 #include "../cuda_semantics.cpp"
+#include "../attention.cpp"
