@@ -1,7 +1,8 @@
 """The op plugin: npu kernels registered with ``torch.library`` on PrivateUse1.
 
 Importing this package (``import npusim`` does) registers ``aten::_foreach_copy_``
-for the npu (see ``npusim.ops.foreach_copy`` for its routing), the fused RNN
+for the npu (see ``npusim.ops.foreach_copy`` for its routing), the fused
+attention kernels (``npusim.ops.attention``), the fused RNN
 cells (``npusim.ops.rnn_cells``) and SyncBatchNorm's statistics
 (``npusim.ops.sync_batch_norm``), CUDA-only ops PyTorch calls on an npu tensor,
 and then routes structured ops' functional and in-place variants straight to
@@ -9,6 +10,7 @@ the CPU fallback (:data:`FALLBACK_ROUTES`).
 """
 
 import npusim._device  # noqa: F401, I001  (registers the npu device first)
+import npusim.ops.attention  # noqa: F401  (registrations)
 import npusim.ops.rnn_cells  # noqa: F401  (registrations)
 import npusim.ops.sync_batch_norm  # noqa: F401  (registrations)
 from npusim.ops.foreach_copy import (
