@@ -1,4 +1,5 @@
 #include "graph.h"
+#include "host_wait.h"
 #include "memory.h"
 #include "runtime.h"
 
@@ -241,11 +242,7 @@ bool NpuStream::wait_completed(uint64_t target, double timeout_s) {
       "npusim: a task of ", name(), " waits on its own stream");
   std::unique_lock<std::mutex> lock(mutex_);
   auto ready = [&] { return completed_.load(std::memory_order_acquire) >= target; };
-  if (timeout_s < 0) {
-    done_cv_.wait(lock, ready);
-    return true;
-  }
-  return done_cv_.wait_for(lock, std::chrono::duration<double>(timeout_s), ready);
+  return wait_on_host(done_cv_, lock, timeout_s, ready);  // Note [Interruptible host waits]
 }
 
 void NpuStream::record_error(const char* op, const char* message) {
@@ -436,7 +433,7 @@ void event_synchronize(const NpuEvent& event) {
     return;
   }
   std::unique_lock<std::mutex> lock(record->mutex);
-  record->cv.wait(lock, [&] { return record->done; });
+  wait_on_host(record->cv, lock, -1.0, [&] { return record->done; });  // Note [Interruptible host waits]
 }
 
 double event_elapsed_ms(const NpuEvent& start, const NpuEvent& end) {
