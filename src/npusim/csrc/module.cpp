@@ -1,11 +1,13 @@
 // Python bindings of the device core (npusim._C). Calls that can wait on a
 // stream release the GIL: stream workers may need it to destroy tensors.
+#include "backend_meta.h"
 #include "core_api.h"
 #include "device_hooks.h"
 #include "fallback.h"
 #include "foreach_copy.h"
 #include "generator.h"
 #include "graph.h"
+#include "ipc.h"
 #include "memory.h"
 #include "primitives.h"
 #include "runtime.h"
@@ -329,4 +331,7 @@ PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
     const npusim::ForeachCopyCounts c = npusim::foreach_copy_counts();
     return py::make_tuple(c.native, c.routed);
   });
+
+  npusim::bind_backend_meta(m);  // Note [npu backend metadata]
+  npusim::bind_ipc(m);  // Note [Sharing npu tensors between processes]
 }

@@ -11,4 +11,6 @@
 #include "../foreach_copy.cpp"
 #include "../autocast.cpp"
 #include "../zero_tensor.cpp"
+#include "../backend_meta.cpp"
+#include "../ipc.cpp"
 #include "../module.cpp"
