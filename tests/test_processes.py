@@ -18,7 +18,6 @@ import torch.distributed as dist
 import torch.multiprocessing as mp
 
 import npusim  # noqa: F401
-from npusim.runtime import backend_meta
 
 TIMEOUT_S = 90
 
@@ -48,6 +47,8 @@ def test_tensors_put_on_a_queue_are_shared():
     queue arrives as an npu tensor of the same device over the same memory: the receiver's write is
     seen by the sender, a tensor comes back the other way, and a tensor the sender dropped after
     sending stays readable; the receiver's statistics do not count shared memory."""
+    from npusim.runtime import backend_meta
+
     ctx = mp.get_context("spawn")
     inbox, outbox = ctx.Queue(), ctx.Queue()
     child = ctx.Process(target=_consumer, args=(inbox, outbox), daemon=True)
