@@ -162,3 +162,17 @@ take_memory_events: Callable[[], list[tuple[int, int, int]]] = C.take_memory_eve
 def core_api_capsule() -> Any:
     """The versioned table of runtime entry points other extensions link against (core_api.h)."""
     return C.core_api()
+
+# ---- tensor backend metadata (Note [npu backend metadata] in csrc/aten/backend_meta.cpp) ----------
+
+# The named integer fields of an npu tensor; set replaces them all ({} removes them).
+get_backend_meta: Callable[[torch.Tensor], dict[str, int]] = C.get_backend_meta
+set_backend_meta: Callable[[torch.Tensor, dict[str, int]], None] = C.set_backend_meta
+
+# ---- sharing between processes (Note [Sharing npu tensors between processes] in csrc/aten/ipc.cpp) ----
+
+# The descriptor of the shared memory an npu tensor's storage lives in (moved there on first use;
+# the device is synchronized first).
+share_npu_storage: Callable[[torch.Tensor], int] = C.share_npu_storage
+# (descriptor, bytes, device): that shared memory as a 1-D uint8 npu tensor over all of it.
+open_shared_npu_storage: Callable[[int, int, int], torch.Tensor] = C.open_shared_npu_storage

@@ -2,10 +2,12 @@
 // generator, the ACL-like primitives and the native _foreach_copy_ kernel.
 #include "bindings.h"
 
+#include "../aten/backend_meta.h"
 #include "../aten/device_hooks.h"
 #include "../aten/fallback.h"
 #include "../aten/foreach_copy.h"
 #include "../aten/generator.h"
+#include "../aten/ipc.h"
 #include "../aten/host_transfer.h"
 #include "../aten/primitives.h"
 
@@ -57,6 +59,15 @@ void init_ops_bindings(py::module& m) {
     const npusim::ForeachCopyCounts c = npusim::foreach_copy_counts();
     return py::make_tuple(c.native, c.routed);
   });
+
+  // backend metadata of npu tensors (Note [npu backend metadata]): npusim.runtime.backend_meta
+  m.def("get_backend_meta", &npusim::get_backend_meta);
+  m.def("set_backend_meta", &npusim::set_backend_meta);
+
+  // npu tensors shared between processes (Note [Sharing npu tensors between processes]): npusim.runtime.ipc.
+  // Sharing synchronizes the device: the GIL is released.
+  m.def("share_npu_storage", &npusim::share_npu_storage, py::call_guard<py::gil_scoped_release>());
+  m.def("open_shared_npu_storage", &npusim::open_shared_npu_storage);
 }
 
 }  // namespace npusim
