@@ -56,8 +56,9 @@ def test_shim_exists_only_while_installed():
         import torch_npu.npu.amp
 
         assert torch_npu is module and torch_npu.npu is torch.npu and torch_npu.npu.amp is torch.npu.amp
-        with pytest.raises(shim.NotSimulatedError, match=r"torch_npu.npu_format_cast is not simulated by npusim"):
-            torch_npu.npu_format_cast(torch.ones(2, device="npu"), 29)
+        with pytest.raises(shim.NotSimulatedError, match=r"torch_npu.npu_quant_matmul is not simulated by npusim"):
+            torch_npu.npu_quant_matmul(torch.ones(2, device="npu"), torch.ones(2, device="npu"))
+        assert torch_npu.npu_rms_norm is torch.ops.npu.npu_rms_norm  # a simulated fused operator
         with pytest.raises(ImportError, match=r"torch_npu.profiler is not simulated by npusim"):
             import torch_npu.profiler  # noqa: F401
         with pytest.raises(AttributeError, match="npusim's compatibility module"):

@@ -44,16 +44,23 @@ def _overload(qualname: str) -> torch._ops.OpOverload:
     return getattr(getattr(torch.ops.npu, name), overload or "default")
 
 
-def implement(qualname: str, kernel: Callable[..., Any], fake: Callable[..., Any]) -> None:
+def _name(qualname: str) -> str:
+    """``"npu::npu_grouped_matmul.List"`` -> ``"npu_grouped_matmul"``."""
+    return qualname.split("::", 1)[1].split(".", 1)[0]
+
+
+def implement(qualname: str, kernel: Callable[..., Any], fake: Callable[..., Any], *,
+              shown: str | None = None) -> None:
     """Registers ``kernel`` as the npu (PrivateUse1) kernel of ``qualname`` and ``fake`` as its fake kernel.
 
     The npu kernel first checks that every tensor argument is on one npu device; the same
     check is the CPU kernel, so a call with CPU tensors fails naming the argument instead of
     finding no kernel. ``fake`` serves FakeTensor, the meta device and ``torch.compile``.
+    Errors name ``shown`` (the public op a private one implements) when given.
     """
     op = _overload(qualname)
     names = [argument.name for argument in op._schema.arguments]
-    label = qualname.split("::", 1)[1].split(".", 1)[0]
+    label = shown or _name(qualname)
 
     def on_device(*args: Any, **kwargs: Any) -> Any:
         check_devices(label, {**dict(zip(names, args, strict=False)), **kwargs})
@@ -90,7 +97,7 @@ def no_derivative(qualname: str, *, shown: str | None = None) -> None:
     ones it marks explicitly): gradients never silently stop at it. The message names ``shown``
     (the public op a private one implements) when given.
     """
-    name = shown or qualname
+    name = f"npu::{shown or _name(qualname)}"
 
     def backward(ctx: Any, *grads: Any) -> Any:
         raise RuntimeError(f"derivative for {name} is not implemented (torch_npu has no backward for it)")

@@ -257,5 +257,5 @@ def _grouped_matmul_list_fake(x, weight, *, bias=None, scale=None, offset=None, 
 
 implement(GROUPED_MATMUL, grouped_matmul, _grouped_matmul_fake)
 implement(GROUPED_MATMUL_LIST, grouped_matmul_list, _grouped_matmul_list_fake)
-no_derivative(GROUPED_MATMUL, shown="npu::npu_grouped_matmul")
-no_derivative(GROUPED_MATMUL_LIST, shown="npu::npu_grouped_matmul")
+no_derivative(GROUPED_MATMUL)
+no_derivative(GROUPED_MATMUL_LIST)

@@ -197,6 +197,6 @@ def apply_rotary_pos_emb(query: Tensor, key: Tensor, cos: Tensor, sin: Tensor, l
     return query, key
 
 
-implement(APPLY_ROTARY_FUNCTIONAL, _apply_functional, _apply_functional_fake)
-no_derivative(APPLY_ROTARY_FUNCTIONAL, shown=APPLY_ROTARY)
+implement(APPLY_ROTARY_FUNCTIONAL, _apply_functional, _apply_functional_fake, shown="npu_apply_rotary_pos_emb")
+no_derivative(APPLY_ROTARY_FUNCTIONAL, shown="npu_apply_rotary_pos_emb")
 LIB.impl("npu_apply_rotary_pos_emb", apply_rotary_pos_emb, "CompositeImplicitAutograd")
