@@ -135,3 +135,20 @@ def test_rotary_errors_name_the_op_and_argument():
     with pytest.raises(RuntimeError, match="npu_apply_rotary_pos_emb: the last dimension of query .* divisible by 4"):
         ops.npu_apply_rotary_pos_emb(q[..., :6], q[..., :6], cos[..., :6], cos[..., :6], "BSND", "quarter")
     assert_device_errors(ops.npu_apply_rotary_pos_emb, [q, q, cos, cos], 3, "sin", "npu_apply_rotary_pos_emb")
+
+
+def test_apply_rotary_pos_emb_in_place_under_torch_compile():
+    """Compiled with fullgraph=True, the in-place writes are traced (Note [npu_apply_rotary_pos_emb updates query and
+    key in place]): a caller that ignores the results reads embedded query and key, as eagerly."""
+
+    def embed(q, k, cos, sin):
+        q = q * 1  # an intermediate: functionalization must see the write into it
+        ops.npu_apply_rotary_pos_emb(q, k, cos, sin)
+        return q + 0
+
+    q, k, cos, sin = randn(1, 4, 2, 8), randn(1, 4, 2, 8, seed=1), randn(1, 4, 1, 8, seed=2), randn(1, 4, 1, 8, seed=3)
+    torch._dynamo.reset()
+    kn = k.npu()
+    out = torch.compile(embed, fullgraph=True, backend="aot_eager")(q.npu(), kn, cos.npu(), sin.npu())
+    assert_matches(out, _reference(q, cos, sin, "half"))
+    assert_matches(kn, _reference(k, cos, sin, "half"))  # a graph input mutated in place, as eagerly
