@@ -42,3 +42,11 @@ def assert_device_errors(call: Callable[..., Any], args: list[Any], position: in
         moved[position] = args[position].to(device)
         with pytest.raises(RuntimeError, match=rf"^{op}: {name} must be on .*got {got}"):
             call(*moved)
+
+
+def opcheck(op: Any, *args: Any, **kwargs: Any) -> None:
+    """torch.library.opcheck: the schema is honest and the fake kernel and AOT tracing agree with the npu kernel.
+
+    (opcheck's autograd-registration test knows only CPU / CUDA / XPU devices; the backward tests cover autograd.)
+    """
+    torch.library.opcheck(op, args, kwargs, test_utils=("test_schema", "test_faketensor", "test_aot_dispatch_dynamic"))

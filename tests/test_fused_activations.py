@@ -8,7 +8,7 @@ import math
 import pytest
 import torch
 
-from _fused_util import DTYPES, assert_device_errors, assert_matches, gradcheck, randn
+from _fused_util import DTYPES, assert_device_errors, assert_matches, gradcheck, opcheck, randn
 
 ops = torch.ops.npu
 
@@ -124,3 +124,17 @@ def test_activation_errors_name_the_op_and_argument():
     with pytest.raises(RuntimeError, match="npu_gelu: self must be on an npu device, got cpu"):
         ops.npu_gelu(x.cpu())
     assert_device_errors(ops.npu_gelu_backward, [x, x], 1, "self", "npu_gelu_backward")
+
+
+def test_activation_ops_pass_opcheck():
+    """PyTorch's opcheck (schema, fake kernel, AOT tracing) of every activation operator and backward op."""
+    x, half = randn(3, 8).npu().requires_grad_(), randn(3, 4, seed=1).npu()
+    opcheck(ops.npu_swiglu, x, -1)
+    opcheck(ops.npu_swiglu_backward, half, x.detach(), -1)
+    opcheck(ops.npu_geglu, x, -1, 0, True)
+    opcheck(ops.npu_geglu_grad, half, x.detach(), half, -1, 1, False)
+    opcheck(ops.npu_gelu, x, approximate="tanh")
+    opcheck(ops.npu_gelu_backward, x.detach(), x.detach(), approximate="none")
+    opcheck(ops.npu_fast_gelu, x)
+    opcheck(ops.fast_gelu, x)
+    opcheck(ops.npu_fast_gelu_backward, x.detach(), x.detach())

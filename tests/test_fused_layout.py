@@ -10,7 +10,7 @@ import pytest
 import torch
 from torch.testing import assert_close
 
-from _fused_util import assert_device_errors, gradcheck, randn
+from _fused_util import assert_device_errors, gradcheck, opcheck, randn
 from npusim.ops.fused.layout import Format
 
 ops = torch.ops.npu
@@ -152,3 +152,14 @@ def test_dense_block_compiles_fullgraph():
     assert_close(compiled_out, eager_out)
     for got, want in zip(compiled_grads, eager_grads, strict=True):
         assert_close(got, want)
+
+
+def test_layout_ops_pass_opcheck():
+    """PyTorch's opcheck (schema, fake kernel, AOT tracing) of the confusion transpose and the format casts."""
+    x = randn(2, 3, 4, 6).npu().requires_grad_()
+    opcheck(ops.npu_confusion_transpose, x, [0, 2, 1, 3], [2, 4, 18], True)
+    opcheck(ops.npu_confusion_transpose_backward, randn(2, 4, 18).npu(), [0, 2, 1, 3], [2, 3, 4, 6], False)
+    opcheck(ops.npu_format_cast.default, x, 29)
+    opcheck(ops.npu_format_cast.Tensor, x, x.detach())
+    torch.library.opcheck(ops.npu_format_cast_.acl_format, (x.detach().clone(), 29), test_utils=("test_schema",
+                                                                                                  "test_faketensor"))

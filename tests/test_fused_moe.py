@@ -11,7 +11,7 @@ import pytest
 import torch
 from torch.testing import assert_close
 
-from _fused_util import DTYPES, assert_device_errors, assert_matches, gradcheck, randn
+from _fused_util import DTYPES, assert_device_errors, assert_matches, gradcheck, opcheck, randn
 
 ops = torch.ops.npu
 
@@ -545,3 +545,30 @@ def test_deepseek_moe_block_compiles_fullgraph():
     assert_close(compiled_out, eager_out, rtol=1e-5, atol=1e-5)
     for got, want in zip(compiled_grads, eager_grads, strict=True):
         assert_close(got, want, rtol=1e-5, atol=1e-5)
+
+
+def test_moe_ops_pass_opcheck():
+    """PyTorch's opcheck (schema, fake kernel, AOT tracing) of every MoE operator and backward op."""
+    x, experts = randn(6, 12).npu().requires_grad_(), _experts(6, 2, 4).npu()
+    opcheck(ops.npu_moe_gating_top_k_softmax, x.detach(), None, 3)  # no backward: no inputs requiring grad
+    opcheck(ops.npu_moe_gating_top_k, x, 3, bias=randn(12).npu(), k_group=2, group_count=4, norm_type=1)
+    y, chosen, norm = ops.npu_moe_gating_top_k(x.detach(), 3, norm_type=1)
+    opcheck(ops.npu_moe_gating_top_k_backward, norm, torch.ones_like(y), chosen, norm_type=1)
+    h = randn(6, 5).npu()
+    row_idx = torch.arange(12, dtype=torch.int32).reshape(2, 6).t().contiguous().npu()
+    opcheck(ops.npu_moe_init_routing, h, row_idx, experts, 4)
+    opcheck(ops.npu_moe_init_routing_v2, h, experts, expert_num=4, expert_tokens_num_flag=True, drop_pad_mode=1,
+            expert_capacity=2)
+    expanded, expanded_row_idx, _, _ = ops.npu_moe_init_routing_v2(h, experts, expert_num=4)
+    opcheck(ops.npu_moe_finalize_routing, expanded, h, None, None, randn(6, 2).npu(), expanded_row_idx, None, 2)
+    tokens = h.requires_grad_()
+    opcheck(ops.npu_moe_token_permute, tokens, experts.long(), 9)
+    permuted, sorted_indices = ops.npu_moe_token_permute(tokens.detach(), experts.long())
+    opcheck(ops.npu_moe_token_unpermute, permuted.requires_grad_(), sorted_indices, randn(6, 2).npu())
+    opcheck(ops.npu_moe_token_permute_grad_v2, permuted.detach(), sorted_indices, 6, torch.float32, 2)
+    opcheck(ops.npu_moe_token_unpermute_grad_v2, h.detach(), sorted_indices, 12, torch.float32, randn(6, 2).npu(),
+            permuted_tokens=permuted.detach())
+    opcheck(ops.npu_grouped_matmul.default, [randn(6, 4).npu()], [randn(2, 4, 3).npu()],
+            group_list=torch.tensor([2, 6]).npu(), split_item=2, group_type=0)
+    opcheck(ops.npu_grouped_matmul.List, [randn(6, 4).npu()], [randn(4, 3).npu(), randn(4, 3).npu()],
+            group_list=[2, 6], split_item=0)

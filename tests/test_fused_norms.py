@@ -12,7 +12,7 @@ import pytest
 import torch
 from torch.testing import assert_close
 
-from _fused_util import DTYPES, assert_device_errors, assert_matches, gradcheck, randn
+from _fused_util import DTYPES, assert_device_errors, assert_matches, gradcheck, opcheck, randn
 
 ops = torch.ops.npu
 
@@ -184,3 +184,13 @@ def test_torchtitan_npu_rms_norm_converter_under_npusim_run(tmp_path):
     for a, b in zip(fused, plain, strict=True):
         assert_close(torch.tensor(a), torch.tensor(b), rtol=1e-5, atol=1e-6)
     assert fused_loss == pytest.approx(plain_loss, rel=1e-5)
+
+
+def test_norm_ops_pass_opcheck():
+    """PyTorch's opcheck (schema, fake kernel, AOT tracing) of every norm operator and backward op."""
+    x, gamma = randn(3, 8).npu().requires_grad_(), randn(8, seed=1).npu().requires_grad_()
+    opcheck(ops.npu_rms_norm, x, gamma, 1e-5)
+    opcheck(ops.npu_gemma_rms_norm, x.detach(), gamma.detach())  # no backward: no inputs requiring grad
+    opcheck(ops.npu_add_rms_norm, x.detach(), x.detach(), gamma.detach())
+    _, rstd = ops.npu_rms_norm(x, gamma)
+    opcheck(ops.npu_rms_norm_backward, torch.ones_like(x), x.detach(), gamma.detach(), rstd.detach())

@@ -6,7 +6,7 @@ from __future__ import annotations
 import pytest
 import torch
 
-from _fused_util import DTYPES, assert_device_errors, assert_matches, gradcheck, randn
+from _fused_util import DTYPES, assert_device_errors, assert_matches, gradcheck, opcheck, randn
 
 ops = torch.ops.npu
 
@@ -152,3 +152,11 @@ def test_apply_rotary_pos_emb_in_place_under_torch_compile():
     out = torch.compile(embed, fullgraph=True, backend="aot_eager")(q.npu(), kn, cos.npu(), sin.npu())
     assert_matches(out, _reference(q, cos, sin, "half"))
     assert_matches(kn, _reference(k, cos, sin, "half"))  # a graph input mutated in place, as eagerly
+
+
+def test_rotary_ops_pass_opcheck():
+    """PyTorch's opcheck (schema, fake kernel, AOT tracing) of the rotary operators and backward op."""
+    x, c, s = randn(2, 3, 4, 8).npu(), randn(1, 3, 1, 8, seed=1).npu(), randn(1, 3, 1, 8, seed=2).npu()
+    opcheck(ops.npu_rotary_mul, x.requires_grad_(), c, s, "interleave")
+    opcheck(ops.npu_rotary_mul_backward, torch.ones_like(x), x.detach(), c, s, "half")
+    opcheck(ops._npu_apply_rotary_pos_emb, x.detach(), x.detach()[:, :, :2], c, s, "BSND", "quarter")

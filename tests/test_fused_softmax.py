@@ -6,7 +6,7 @@ from __future__ import annotations
 import pytest
 import torch
 
-from _fused_util import DTYPES, assert_device_errors, assert_matches, gradcheck, randn
+from _fused_util import DTYPES, assert_device_errors, assert_matches, gradcheck, opcheck, randn
 
 ops = torch.ops.npu
 
@@ -72,3 +72,11 @@ def test_scaled_masked_softmax_errors_name_the_op_and_argument():
     with pytest.raises(RuntimeError, match=r"npu_scaled_masked_softmax: mask of shape \(3, 32, 64\) must broadcast"):
         ops.npu_scaled_masked_softmax(x, _mask(3, 32, 64).npu())
     assert_device_errors(ops.npu_scaled_masked_softmax, [x, mask], 1, "mask", "npu_scaled_masked_softmax")
+
+
+def test_softmax_ops_pass_opcheck():
+    """PyTorch's opcheck (schema, fake kernel, AOT tracing) of the softmax operator and its backward op."""
+    x, mask = randn(1, 2, 32, 32).npu().requires_grad_(), _mask(1, 1, 32, 32).npu()
+    opcheck(ops.npu_scaled_masked_softmax, x, mask, 0.3, False)
+    y = ops.npu_scaled_masked_softmax(x, mask).detach()
+    opcheck(ops.npu_scaled_masked_softmax_backward, torch.ones_like(y), y, mask, 0.3, True)

@@ -136,6 +136,7 @@ def _unconfuse(grad: Tensor, perm: list[int], shape: list[int], transpose_first:
     op = "npu_confusion_transpose_backward"
     _check_perm(op, perm, len(perm))
     if transpose_first:
+        check(grad.dim() == len(perm), op, f"grad must have one dim per perm entry ({len(perm)}), got {grad.dim()}-D")
         return grad.permute(_inverse(perm)).reshape(shape)
     check(len(perm) == len(shape), op, f"perm ({list(perm)}) and shape ({list(shape)}) must have one entry per dim")
     return grad.reshape([shape[p] for p in perm]).permute(_inverse(perm))
