@@ -20,6 +20,7 @@ weight): a backward through it raises.
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from typing import Any
 
 import torch
@@ -154,14 +155,6 @@ def _grouped_matmul(x: list[Tensor], weight: list[Tensor], bias: list[Tensor] | 
     return out
 
 
-def _unquantized(scale, offset, antiquant_scale, antiquant_offset, per_token_scale, activation_input,
-                 activation_quant_scale, activation_quant_offset, **dtypes: Any) -> dict[str, Any]:
-    return {"scale": scale, "offset": offset, "antiquant_scale": antiquant_scale,
-            "antiquant_offset": antiquant_offset, "per_token_scale": per_token_scale,
-            "activation_input": activation_input, "activation_quant_scale": activation_quant_scale,
-            "activation_quant_offset": activation_quant_offset, **dtypes}
-
-
 def _host_values(group_list: Tensor | list[int] | None) -> list[int] | None:
     if isinstance(group_list, Tensor):
         check(group_list.dim() == 1 and group_list.dtype == torch.int64, _OP,
@@ -173,43 +166,14 @@ def _host_values(group_list: Tensor | list[int] | None) -> list[int] | None:
 def _run(x, weight, bias, group_list, split_item, group_type, group_list_type, act_type, output_dtype,
          unquantized) -> list[Tensor]:
     group_type = _resolve_group_type(group_type, group_list)
-    split_item, group_list_type, act_type = split_item or 0, group_list_type or 0, act_type or 0
     _check_common(x, weight, bias, split_item, group_type, group_list_type, act_type, output_dtype, unquantized)
     return _grouped_matmul(x, weight, bias, _host_values(group_list), split_item, group_type, group_list_type)
 
-
-def grouped_matmul(x, weight, *, bias=None, scale=None, offset=None, antiquant_scale=None, antiquant_offset=None,
-                   per_token_scale=None, group_list=None, activation_input=None, activation_quant_scale=None,
-                   activation_quant_offset=None, split_item=0, group_type=None, group_list_type=0, act_type=0,
-                   tuning_config=None, output_dtype=None, x_dtype=None, weight_dtype=None, scale_dtype=None,
-                   per_token_scale_dtype=None) -> list[Tensor]:
-    """The default overload (group_list a Tensor). tuning_config is a tiling hint: no effect here."""
-    unquantized = _unquantized(scale, offset, antiquant_scale, antiquant_offset, per_token_scale, activation_input,
-                               activation_quant_scale, activation_quant_offset, x_dtype=x_dtype,
-                               weight_dtype=weight_dtype, scale_dtype=scale_dtype,
-                               per_token_scale_dtype=per_token_scale_dtype)
-    return _run(x, weight, bias, group_list, split_item, group_type, group_list_type, act_type, output_dtype,
-                unquantized)
-
-
-def grouped_matmul_list(x, weight, *, bias=None, scale=None, offset=None, antiquant_scale=None,
-                        antiquant_offset=None, per_token_scale=None, group_list=None, activation_input=None,
-                        activation_quant_scale=None, activation_quant_offset=None, split_item=0, group_type=None,
-                        group_list_type=0, act_type=0, output_dtype=None) -> list[Tensor]:
-    """The ``.List`` overload (group_list cumulative ints)."""
-    check(not group_list_type, _OP, f"group_list_type must be 0 with an int list group_list, got {group_list_type}")
-    unquantized = _unquantized(scale, offset, antiquant_scale, antiquant_offset, per_token_scale, activation_input,
-                               activation_quant_scale, activation_quant_offset)
-    return _run(x, weight, bias, group_list, split_item, group_type, 0, act_type, output_dtype, unquantized)
-
-
-# -- fake kernels --------------------------------------------------------------------------------------------------
 
 def _fake(x, weight, bias, group_list, split_item, group_type, group_list_type, act_type, output_dtype,
           unquantized) -> list[Tensor]:
     """Shapes without the group sizes: those of a Tensor group_list are unbacked sizes for split_item 0/1."""
     group_type = _resolve_group_type(group_type, group_list)
-    split_item, group_list_type, act_type = split_item or 0, group_list_type or 0, act_type or 0
     _check_common(x, weight, bias, split_item, group_type, group_list_type, act_type, output_dtype, unquantized)
     experts = _experts(weight)
     n = experts[0].shape[1]
@@ -233,29 +197,34 @@ def _fake(x, weight, bias, group_list, split_item, group_type, group_list_type, 
     return [t.new_empty((*t.shape[:-1], w.shape[1])) for t, w in zip(x, experts, strict=True)]
 
 
-def _grouped_matmul_fake(x, weight, *, bias=None, scale=None, offset=None, antiquant_scale=None,
-                         antiquant_offset=None, per_token_scale=None, group_list=None, activation_input=None,
-                         activation_quant_scale=None, activation_quant_offset=None, split_item=0, group_type=None,
-                         group_list_type=0, act_type=0, tuning_config=None, output_dtype=None, x_dtype=None,
-                         weight_dtype=None, scale_dtype=None, per_token_scale_dtype=None) -> list[Tensor]:
-    unquantized = _unquantized(scale, offset, antiquant_scale, antiquant_offset, per_token_scale, activation_input,
-                               activation_quant_scale, activation_quant_offset, x_dtype=x_dtype,
-                               weight_dtype=weight_dtype, scale_dtype=scale_dtype,
-                               per_token_scale_dtype=per_token_scale_dtype)
-    return _fake(x, weight, bias, group_list, split_item, group_type, group_list_type, act_type, output_dtype,
-                 unquantized)
+# The keyword arguments of the quantized forms (of either overload): each must stay unset.
+_QUANTIZED = ("scale", "offset", "antiquant_scale", "antiquant_offset", "per_token_scale", "activation_input",
+              "activation_quant_scale", "activation_quant_offset", "x_dtype", "weight_dtype", "scale_dtype",
+              "per_token_scale_dtype")
 
 
-def _grouped_matmul_list_fake(x, weight, *, bias=None, scale=None, offset=None, antiquant_scale=None,
-                              antiquant_offset=None, per_token_scale=None, group_list=None, activation_input=None,
-                              activation_quant_scale=None, activation_quant_offset=None, split_item=0,
-                              group_type=None, group_list_type=0, act_type=0, output_dtype=None) -> list[Tensor]:
-    unquantized = _unquantized(scale, offset, antiquant_scale, antiquant_offset, per_token_scale, activation_input,
-                               activation_quant_scale, activation_quant_offset)
-    return _fake(x, weight, bias, group_list, split_item, group_type, 0, act_type, output_dtype, unquantized)
+def _kernel(body: Callable[..., list[Tensor]], int_list: bool) -> Callable[..., list[Tensor]]:
+    """The kernel of one overload: ``body`` (:func:`_run` or :func:`_fake`) on the keyword arguments.
+
+    The dispatcher may leave out keyword arguments equal to their defaults, hence ``get``;
+    ``tuning_config`` is a tiling hint and has no effect here.
+    """
+
+    def grouped_matmul(x: list[Tensor], weight: list[Tensor], **options: Any) -> list[Tensor]:
+        group_list_type = options.get("group_list_type") or 0
+        if int_list:  # the .List overload: group_list is cumulative ints
+            check(not group_list_type, _OP, f"group_list_type must be 0 with an int list group_list, got "
+                                            f"{group_list_type}")
+        unquantized = {name: options.get(name) for name in _QUANTIZED}
+        return body(x, weight, options.get("bias"), options.get("group_list"), options.get("split_item") or 0,
+                    options.get("group_type"), group_list_type, options.get("act_type") or 0,
+                    options.get("output_dtype"), unquantized)
+
+    return grouped_matmul
 
 
-implement(GROUPED_MATMUL, grouped_matmul, _grouped_matmul_fake)
-implement(GROUPED_MATMUL_LIST, grouped_matmul_list, _grouped_matmul_list_fake)
+grouped_matmul = _kernel(_run, int_list=False)  # the default overload (group_list a Tensor)
+implement(GROUPED_MATMUL, grouped_matmul, _kernel(_fake, int_list=False))
+implement(GROUPED_MATMUL_LIST, _kernel(_run, int_list=True), _kernel(_fake, int_list=True))
 no_derivative(GROUPED_MATMUL)
 no_derivative(GROUPED_MATMUL_LIST)
