@@ -36,7 +36,10 @@ def gradcheck(fn: Callable[..., Any], *inputs: torch.Tensor) -> None:
 
 
 def assert_device_errors(call: Callable[..., Any], args: list[Any], position: int, name: str, op: str) -> None:
-    """call(*args) with argument ``position`` on the CPU, then on npu:1, raises naming op and the argument."""
+    """call(*args) with argument ``position`` on the CPU, then on npu:1, raises naming op and the argument.
+
+    ``position`` is a tensor argument after the first (the first tensor sets the device the others must share).
+    """
     for device, got in (("cpu", "cpu"), ("npu:1", "npu:1")):
         moved = list(args)
         moved[position] = args[position].to(device)
