@@ -306,6 +306,7 @@ PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
   m.def("same_byte_layouts", &npusim::same_byte_layouts);
   m.def("dtype_mask", &npusim::dtype_mask);
   m.def("memcpy_batch_async", &npusim::memcpy_batch_async, release());
+  m.def("launch_delay", &npusim::launch_delay, py::arg("device"), py::arg("duration_us"), release());
   m.def("can_use_fast_route", &npusim::can_use_fast_route);
   m.def("check_foreach_api_restrictions", &npusim::check_foreach_api_restrictions);
 

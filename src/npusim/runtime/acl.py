@@ -118,6 +118,8 @@ launch_foreach_copy: Callable[[TensorList, TensorList, bool, float], int] = C.la
 memcpy_batch: Callable[[TensorList, TensorList, float], None] = C.memcpy_batch
 # One asynchronous task; pageable sources staged now in one block, a pageable destination waits.
 memcpy_batch_async: Callable[[TensorList, TensorList], None] = C.memcpy_batch_async
+# A task that only holds the current stream of a device for duration_us (device, duration_us).
+launch_delay: Callable[[int, float], None] = C.launch_delay
 # Whether every pair has the same byte layout (host_transfer.h: same_byte_layout).
 same_byte_layouts: Callable[[TensorList, TensorList], bool] = C.same_byte_layouts
 # The ScalarType bit mask of a set of dtypes: a profile's fast dtypes as the native kernel reads them.
