@@ -25,8 +25,10 @@ from npusim.runtime.compat import (
 )
 from npusim.runtime.device import (
     _get_device_index,
+    _lazy_call,
     _lazy_init,
     _NPUDeviceProperties,
+    _sleep,
     can_device_access_peer,
     current_device,
     device,
@@ -119,7 +121,8 @@ SUBMODULES = ("amp", "graphs", "memory", "random", "streams", "utils")
 default_generators: tuple[torch.Generator, ...] = _default_generators()
 
 __all__ = [
-    "_dump_snapshot", "_get_device_index", "_is_in_bad_fork", "_lazy_init", "_NPUDeviceProperties",
+    "_dump_snapshot", "_get_device_index", "_is_in_bad_fork", "_lazy_call", "_lazy_init", "_NPUDeviceProperties",
+    "_sleep",
     "_record_memory_history", "_snapshot", "amp", "caching_allocator_alloc", "caching_allocator_delete",
     "can_device_access_peer", "config", "conv", "current_device", "current_stream", "default_generator",
     "default_generators", "default_stream", "device", "device_count", "device_of", "empty_cache", "Event",

@@ -138,7 +138,12 @@ def install() -> ModuleType:
 
 
 def uninstall() -> None:
-    """Removes npusim's torch_npu, its finder and the children's startup path (tests)."""
+    """Removes npusim's torch_npu, its finder and the children's startup path, and undoes
+    ``transfer_to_npu`` (tests)."""
+    import torch
+
+    if torch.cuda is torch.npu:
+        torch.cuda = sys.modules["torch.cuda"]  # type: ignore[assignment]
     for name in [n for n in sys.modules if n == "torch_npu" or n.startswith("torch_npu.")]:
         del sys.modules[name]
     if _finder in sys.meta_path:
