@@ -5,17 +5,14 @@ from __future__ import annotations
 
 import importlib.util
 import json
-import os
 import re
-import signal
-import socket
-import subprocess
 import sys
 from pathlib import Path
 
 import pytest
 
 from npusim.ops.fused import OPS
+from npusim.testing.torchrun import run_bounded, torchrun_command
 
 SCRIPTS = Path(__file__).parent / "scripts"
 
@@ -28,31 +25,15 @@ pytestmark = [
 ]
 
 
-def _free_port() -> int:
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        return sock.getsockname()[1]
-
-
 def _launch(script: str, *args: str, ranks: int, tmp_path: Path, timeout: float = 240) -> list[dict]:
     """`npusim run` of a script (under torchrun with ``ranks`` > 1); the results it printed, in rank order."""
     target = ["-m", "npusim", "run", str(SCRIPTS / script), *args]
-    if ranks > 1:
-        target = ["-m", "torch.distributed.run", "--nproc-per-node", str(ranks), "--master-addr", "127.0.0.1",
-                  "--master-port", str(_free_port()), *target]
-    env = {**os.environ, "OMP_NUM_THREADS": "1", "HF_HUB_OFFLINE": "1", "HF_HOME": str(tmp_path / "hf"),
-           "TOKENIZERS_PARALLELISM": "false"}
-    with subprocess.Popen([sys.executable, *target], stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
-                          env=env, cwd=tmp_path, start_new_session=True) as proc:
-        try:
-            out, err = proc.communicate(timeout=timeout)
-        except subprocess.TimeoutExpired:
-            os.killpg(proc.pid, signal.SIGKILL)
-            out, err = proc.communicate()
-            raise AssertionError(f"{script} {args} did not finish within {timeout} s:\n{err[-3000:]}") from None
-    assert proc.returncode == 0, err[-4000:]
-    lines = [json.loads(found) for found in re.findall(r"RESULT (\{[^\n]*\})", out)]
-    assert len(lines) == ranks, out[-2000:]
+    cmd = torchrun_command(target, ranks) if ranks > 1 else [sys.executable, *target]
+    env = {"HF_HUB_OFFLINE": "1", "HF_HOME": str(tmp_path / "hf"), "TOKENIZERS_PARALLELISM": "false"}
+    result = run_bounded(cmd, timeout, env=env, cwd=str(tmp_path))
+    assert result.returncode == 0, result.stderr[-4000:]
+    lines = [json.loads(found) for found in re.findall(r"RESULT (\{[^\n]*\})", result.stdout)]
+    assert len(lines) == ranks, result.stdout[-2000:]
     return sorted(lines, key=lambda line: line.get("rank", line["device"]))
 
 

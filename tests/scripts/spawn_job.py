@@ -1,8 +1,8 @@
 """A multi-card job as Ascend examples launch it: `mp.spawn` (or a forkserver Process) of ranks whose
 module starts with `import torch_npu`; run under `python -m npusim run` by tests/test_spawned_ranks.py.
 
-    spawn_job.py spawn PORT OUT        2 ranks by torch.multiprocessing.spawn, hccl all_reduce
-    spawn_job.py forkserver PORT OUT   1 rank in a multiprocessing forkserver child
+    spawn_job.py spawn OUT        2 ranks by torch.multiprocessing.spawn, hccl all_reduce
+    spawn_job.py forkserver OUT   1 rank in a multiprocessing forkserver child
 Each rank writes OUT/rank<r>.json with what it saw.
 """
 
@@ -17,9 +17,10 @@ import torch.distributed as dist
 import torch.multiprocessing as mp
 
 
-def rank_main(rank: int, world: int, port: int, out: str) -> None:
+def rank_main(rank: int, world: int, out: str) -> None:
     torch.npu.set_device(rank)
-    dist.init_process_group("hccl", init_method=f"tcp://127.0.0.1:{port}", rank=rank, world_size=world)
+    dist.init_process_group("hccl", init_method=f"file://{os.path.join(out, 'rendezvous')}", rank=rank,
+                            world_size=world)
     tensor = torch.full((2,), float(rank + 1), device=f"npu:{rank}")
     dist.all_reduce(tensor)
     with open(os.path.join(out, f"rank{rank}.json"), "w") as f:
@@ -30,11 +31,11 @@ def rank_main(rank: int, world: int, port: int, out: str) -> None:
 
 
 if __name__ == "__main__":
-    mode, port, out = sys.argv[1], int(sys.argv[2]), sys.argv[3]
+    mode, out = sys.argv[1], sys.argv[2]
     if mode == "spawn":
-        mp.spawn(rank_main, args=(2, port, out), nprocs=2, join=True)
+        mp.spawn(rank_main, args=(2, out), nprocs=2, join=True)
     else:
-        child = multiprocessing.get_context("forkserver").Process(target=rank_main, args=(0, 1, port, out))
+        child = multiprocessing.get_context("forkserver").Process(target=rank_main, args=(0, 1, out))
         child.start()
         child.join(120)
         sys.exit(child.exitcode)
