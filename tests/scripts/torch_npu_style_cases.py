@@ -1,7 +1,7 @@
 """A test file as torch_npu's and op-plugin's are written, against torch_npu.testing.
 
-Run unmodified by tests/test_torch_npu_testing.py under `python -m npusim run -m pytest` and as
-`python -m npusim run torch_npu_style_cases.py` (run_tests). Expected: 6 tests pass, 3 skip.
+Run unmodified by tests/test_torch_npu_testing.py under `python -m npusim run -m pytest`
+(`python -m npusim run torch_npu_style_cases.py` runs it with unittest). Expected: 6 pass, 3 skip.
 """
 
 import numpy as np
