@@ -20,6 +20,7 @@ from __future__ import annotations
 
 import multiprocessing as mp
 import os
+import pickle
 import queue
 import time
 import traceback
@@ -81,7 +82,10 @@ def _rank_main(rank: int, world_size: int, port: int, backend: str | None, bind_
         device_id = torch.device("npu", rank) if bind_device else None
         dist.init_process_group(backend, store=store, rank=rank, world_size=world_size, timeout=timeout,
                                 device_id=device_id)
-        results.put((rank, True, fn(rank, world_size, *args)))
+        # Pickled here with the standard pickler: through the queue, torch.multiprocessing's
+        # reductions would share a tensor's storage by file descriptor, which the parent can
+        # only fetch while this process is still alive to hand it over.
+        results.put((rank, True, pickle.dumps(fn(rank, world_size, *args))))
     except BaseException:  # noqa: B036  (report everything to the parent, which kills the others)
         results.put((rank, False, traceback.format_exc()))
     finally:
@@ -140,7 +144,7 @@ def run_ranks(fn: Callable[..., Any], *args: Any, world_size: int = 2, backend: 
                 continue
             if not ok:
                 raise RanksError(f"{prefix}rank {rank} failed:\n{value}")
-            out[rank] = value
+            out[rank] = pickle.loads(value)
         for p in procs:
             p.join(timeout=max(1.0, deadline - time.monotonic()))
     finally:
