@@ -43,6 +43,10 @@ const npusim::CoreApi& core_api_table() {
         npusim::maybe_reclaim_deferred_frees();
         npusim::reclaim_pinned_frees();
       },
+      [](std::string name, c10::DeviceIndex device) {
+        return npusim::profile_task(std::move(name), device, npusim::kCommLane, npusim::ActivityKind::kKernel);
+      },
+      &npusim::run_profiled,
   };
   return table;
 }
