@@ -96,6 +96,15 @@ host_memory_stats: Callable[[], dict[str, int]] = C.host_memory_stats
 set_timing_model: Callable[[float, float, float], None] = C.set_timing_model
 timing_model: Callable[[], tuple[float, float, float]] = C.timing_model
 
+
+def set_compute_cost(cost: Callable[..., float] | None) -> None:
+    """Installs the compute-cost hook (op, schema-ordered meta inputs, meta outputs) -> us; None removes it.
+
+    Compute ops are not stream tasks in this core yet (issue 22), so there is nothing to time."""
+    if cost is not None:
+        raise RuntimeError("npusim timing model: compute=True needs compute ops to be stream tasks, "
+                           "which this device core does not make them yet")
+
 # ---- random numbers ---------------------------------------------------------
 
 # The device's default Philox generator (seed, offset) as a torch.Generator; the
