@@ -155,7 +155,7 @@ foreach_copy_mirror: Callable[[], dict[str, Any]] = C.foreach_copy_mirror
 foreach_copy_counts: Callable[[], tuple[int, int]] = C.foreach_copy_counts
 
 
-# ---- observers (npusim.sanitizer; torch.profiler needs none, see csrc/trace.h) --
+# ---- observers (npusim.sanitizer; torch.profiler needs none: csrc/runtime/device_profiler.cpp)
 
 # fn(op, event_id, device, stream_id) after each event record / wait and host
 # synchronize, on the host thread that did it (op numbers: csrc/trace.h StreamOp); None removes it.
