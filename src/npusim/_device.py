@@ -85,6 +85,10 @@ def _register_device() -> None:
     torch._register_device_module("npu", npu_module)
     torch.utils.generate_methods_for_privateuse1_backend(for_storage=True)
     atexit.register(_drain_at_exit)
+    from npusim.runtime import backend_meta, ipc
+
+    backend_meta.install_fake_tensor_hook()  # Note [Backend metadata of fake tensors]
+    ipc.install()  # npu tensors through torch.multiprocessing
 
     from npusim.runtime import memory, timing
 
@@ -105,10 +109,66 @@ def _drain_at_exit() -> None:
     already finalizing then, taking the GIL aborts the process. A short wait
     with the GIL released closes that window.
     """
+    synchronize_all_at_exit()
+    time.sleep(0.05)
+
+
+# Note [Failures found at exit]
+# Asynchronous work that failed surfaces at the stream's next synchronize. When
+# nothing synchronized after it (a rank issues a collective, its peer dies, the
+# script ends), the first synchronize is the one at exit, and its error used to
+# end the run with "Exception ignored in atexit callback" and a traceback of
+# npusim's exit handler, which says nothing about the failure's cause. No caller
+# is left to handle it then, so it is reported as what it is, one line per
+# failed stream, and the exit goes on.
+#
+# An exit because of Ctrl-C (KeyboardInterrupt, possibly out of an interrupted
+# host wait: Note [Interruptible host waits] in csrc/runtime/host_wait.h) waits for the
+# streams at most INTERRUPTED_EXIT_WAIT_S: the user asked to stop, and the work
+# the wait was for may take minutes (a stalled collective). What is still
+# queued then is left to the stream workers, which the process's exit ends.
+_MAX_FAILED_STREAMS = 64  # each synchronize raises one stream's error; a bound, never reached in practice
+INTERRUPTED_EXIT_WAIT_S = 1.0
+
+
+def exiting_on_interrupt() -> bool:
+    """True when the interpreter is exiting because of an uncaught KeyboardInterrupt."""
+    return isinstance(getattr(sys, "last_value", None), KeyboardInterrupt)
+
+
+def synchronize_all_at_exit() -> None:
+    """Waits for every stream of every device at interpreter exit; work that failed and was never
+    waited for is reported on stderr, one line each, instead of raising. After a Ctrl-C the wait is
+    bounded. See Note [Failures found at exit]."""
     from npusim.runtime import acl
 
     if acl.in_bad_fork():
         return  # a forked child: the parent's streams are not ours to drain
-    acl.synchronize_all()
-    time.sleep(0.05)
+    if exiting_on_interrupt():
+        _wait_for_streams_until(time.monotonic() + INTERRUPTED_EXIT_WAIT_S)
+        return
+    for _ in range(_MAX_FAILED_STREAMS):
+        try:
+            acl.synchronize_all()
+            return
+        except RuntimeError as error:  # the stream's error is cleared once raised: go on with the others
+            print(f"npusim: at exit, work that was never waited for had failed: {error}", file=sys.stderr,
+                  flush=True)
+        except KeyboardInterrupt:  # a Ctrl-C during the wait at exit: stop waiting
+            return
+
+
+def _wait_for_streams_until(deadline: float) -> None:
+    from npusim.runtime import acl
+
+    for device in range(acl.device_count()):
+        for stream_id in range(acl.STREAMS_PER_DEVICE):
+            if acl.stream_pending(stream_id, device) == 0:
+                continue
+            try:
+                acl.synchronize_stream(stream_id, device, max(deadline - time.monotonic(), 0.0))
+            except (RuntimeError, KeyboardInterrupt):
+                print(f"npusim: interrupted; not waiting for the work still queued on npu:{device}", file=sys.stderr,
+                      flush=True)
+                return
 

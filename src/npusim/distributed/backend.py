@@ -18,6 +18,7 @@ from types import ModuleType
 import torch.distributed as dist
 
 from npusim._build import load_extension
+from npusim._device import INTERRUPTED_EXIT_WAIT_S, exiting_on_interrupt, synchronize_all_at_exit
 from npusim.runtime import acl
 
 BACKEND_NAME = "hccl"
@@ -46,10 +47,10 @@ def load() -> ModuleType:
 def _drain_at_exit() -> None:
     """Lets comm streams drop the tensors of finished collectives before finalization."""
     try:
-        acl.synchronize_all()  # device tasks waiting for collectives let them finish first
+        synchronize_all_at_exit()  # device tasks waiting for collectives let them finish first
     finally:
-        if _extension is not None:
-            _extension.drain_releases(DRAIN_AT_EXIT_S)
+        if _extension is not None:  # after a Ctrl-C, a stalled collective is not waited for
+            _extension.drain_releases(INTERRUPTED_EXIT_WAIT_S if exiting_on_interrupt() else DRAIN_AT_EXIT_S)
 
 
 def wait_idle(timeout_s: float) -> bool:

@@ -22,16 +22,23 @@ def is_available() -> bool:
 
 
 def is_initialized() -> bool:
-    # The device core is initialised when npusim is imported.
-    return True
+    """True: the device core is initialised when npusim is imported; False in a child forked after
+    npu use, which may not use it (as torch.cuda.is_initialized there)."""
+    return not acl.in_bad_fork()
 
 
 def init() -> None:
-    """Present for API parity with torch.cuda; the device is ready on import."""
+    """As torch.cuda.init: the device is ready on import, so this only checks that this process may
+    use it. In a child forked after the parent used the npu it raises, as CUDA does (Note [Fork
+    after npu use] in csrc/runtime/device.cpp)."""
+    if acl.in_bad_fork():
+        raise RuntimeError("Cannot re-initialize npu in forked subprocess. To use npu with multiprocessing, "
+                           "you must use the 'spawn' start method")
 
 
 def _lazy_init() -> None:
-    """Present for API parity with torch.cuda; the device is ready on import."""
+    """As torch.cuda._lazy_init; see :func:`init`."""
+    init()
 
 
 def current_device() -> int:

@@ -3,13 +3,13 @@
 npusim registers this module as ``torch.npu``; it offers what PyTorch asks
 of an accelerator's device module (devices, streams, events, memory, RNG,
 AMP) under the names torch.cuda and torch_npu use, with the submodules
-``amp``, ``memory``, ``random`` and ``streams``. The names it shares with
+``amp``, ``graphs``, ``memory``, ``random`` and ``streams``. The names it shares with
 torch_npu and torch.cuda are listed in ``runtime/parity.py``.
 """
 
 import torch
 
-from npusim.runtime import amp, memory, random, streams  # noqa: F401  (torch.npu.<submodule>)
+from npusim.runtime import amp, graphs, memory, random, streams  # noqa: F401  (torch.npu.<submodule>)
 from npusim.runtime.compat import (
     config,
     conv,
@@ -119,7 +119,7 @@ __all__ = [
     "default_generators", "default_stream", "device", "device_count", "device_of", "empty_cache", "Event",
     "get_allocator_backend", "get_amp_supported_dtype", "get_autocast_dtype", "get_device_capability",
     "get_device_name", "get_device_properties", "get_per_process_memory_fraction", "get_rng_state",
-    "get_rng_state_all", "get_sync_debug_mode", "graph", "graph_pool_handle", "host_memory_stats",
+    "get_rng_state_all", "get_sync_debug_mode", "graph", "graph_pool_handle", "graphs", "host_memory_stats",
     "host_memory_stats_as_nested_dict", "init", "initial_seed", "ipc_collect", "is_autocast_enabled",
     "is_available", "is_bf16_supported", "is_current_stream_capturing", "is_initialized",
     "is_jit_compile_false", "make_graphed_callables", "manual_seed", "manual_seed_all", "matmul",

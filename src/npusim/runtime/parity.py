@@ -31,11 +31,6 @@ SHARED_WITH_CUDA: tuple[str, ...] = (
     "synchronize", "use_mem_pool", "utilization",
 )
 
-# Built in parallel by the NPU graphs work (torch.npu.NPUGraph and friends).
-PROVIDED_BY_GRAPHS_MODULE: tuple[str, ...] = (
-    "graph", "graph_pool_handle", "graphs", "is_current_stream_capturing", "make_graphed_callables",
-)
-
 NOT_APPLICABLE: dict[str, str] = {
     "MemPool": "private memory pools (CUDA-graph pools, custom allocators) are not simulated; every "
                "allocation comes from the device's one caching pool",

@@ -13,7 +13,6 @@ and override single flags, through the API or the environment::
 from __future__ import annotations
 
 import dataclasses
-import functools
 from collections.abc import Iterator
 from contextlib import contextmanager
 
@@ -59,14 +58,6 @@ class Profile:
     @property
     def fast_dtypes(self) -> frozenset[torch.dtype]:
         return _BASE_FAST_DTYPES | _CANN_810_DTYPES if self.cann_ge_810rc1 else _BASE_FAST_DTYPES
-
-    @functools.cached_property
-    def fast_dtype_mask(self) -> int:
-        """``fast_dtypes`` as the bit mask the native kernel takes (computed once per profile)."""
-        return acl.dtype_mask(sorted(self.fast_dtypes, key=str))
-
-    def memcpy_batch_available(self, non_blocking: bool) -> bool:
-        return self.memcpy_batch_async if non_blocking else self.memcpy_batch
 
     def replace(self, **overrides: object) -> Profile:
         unknown = set(overrides) - {f.name for f in dataclasses.fields(self)}
@@ -151,12 +142,13 @@ def _from_env() -> Profile:
 
 
 def _activate(profile: Profile) -> Profile:
-    """Makes ``profile`` current; the only place ``_current`` changes, so the native
-    ``_foreach_copy_`` kernel's mirror of it never goes stale
-    (See Note [Native _foreach_copy_ kernel] in csrc/foreach_copy.cpp)."""
+    """Makes ``profile`` current; the only place ``_current`` changes. The ``_foreach_copy_``
+    kernel routes by the profile's flags, which it is handed here and which nothing in Python
+    routes by (See Note [The _foreach_copy_ router] in csrc/aten/foreach_copy.cpp)."""
     global _current
-    acl.set_foreach_copy_profile(profile.foreach_copy_kernel, profile.nd_out, profile.fast_dtype_mask,
-                                 profile.sync_timeout_s)
+    acl.set_foreach_copy_config(profile.foreach_copy_kernel, profile.nd_out, profile.batch, profile.memcpy_batch,
+                                profile.memcpy_batch_async, sorted(profile.fast_dtypes, key=str),
+                                profile.sync_timeout_s)
     _current = profile
     return profile
 

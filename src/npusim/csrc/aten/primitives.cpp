@@ -6,7 +6,6 @@
 #include "../runtime/timing.h"
 
 #include <ATen/ATen.h>
-#include <ATen/native/ForeachUtils.h>
 
 #include <algorithm>
 #include <cstring>
@@ -161,15 +160,6 @@ int64_t dtype_mask(const std::vector<at::ScalarType>& dtypes) {
     mask |= int64_t{1} << static_cast<int>(t);
   }
   return mask;
-}
-
-bool can_use_fast_route(const std::vector<at::Tensor>& self, const std::vector<at::Tensor>& src) {
-  return at::native::can_use_fast_route(self, src);
-}
-
-void check_foreach_api_restrictions(
-    const std::vector<at::Tensor>& self, const std::vector<at::Tensor>& src) {
-  at::native::check_foreach_api_restrictions(self, src);
 }
 
 void increment_version(at::TensorList tensors) {

@@ -1,5 +1,7 @@
 #include "stream.h"
 
+#include "host_wait.h"
+
 #include <c10/util/Exception.h>
 #include <c10/util/StringUtil.h>
 
@@ -179,11 +181,7 @@ bool NpuStream::wait_completed(uint64_t target, double timeout_s) {
       "npusim: a task of ", name(), " waits on its own stream");
   std::unique_lock<std::mutex> lock(mutex_);
   auto ready = [&] { return completed_.load(std::memory_order_acquire) >= target; };
-  if (timeout_s < 0) {
-    done_cv_.wait(lock, ready);
-    return true;
-  }
-  return done_cv_.wait_for(lock, std::chrono::duration<double>(timeout_s), ready);
+  return wait_on_host(done_cv_, lock, timeout_s, ready);  // Note [Interruptible host waits]
 }
 
 void NpuStream::record_error(const char* op, const char* message) {
