@@ -9,8 +9,11 @@ everywhere else. What the module offers:
   submodules (``torch_npu.npu.amp``, ``.memory``, ``.random``, ``.streams``);
 - ``torch_npu.contrib.transfer_to_npu`` maps ``torch.cuda`` calls to the npu,
   as torch_npu's does;
-- torch_npu's own operators and services (``npu_format_cast``,
-  ``npu_fusion_attention``, ``torch_npu.profiler``, ...) raise
+- op-plugin's fused operators that npusim simulates (``torch_npu.npu_rms_norm``,
+  ``npu_format_cast``, ...) are ``torch.ops.npu.<name>`` (:data:`npusim.ops.fused.OPS`),
+  and ``torch_npu.Format`` is the format enum;
+- the other torch_npu operators and services scripts commonly call
+  (``npu_quant_matmul``, ``torch_npu.profiler``, ...) raise
   :class:`NotSimulatedError` naming the call; any other name is an
   AttributeError / ImportError that says npusim does not provide it.
 """
@@ -27,6 +30,8 @@ from typing import Any
 import torch
 
 import npusim  # noqa: F401  (registers the device, its ops and the hccl backend)
+from npusim.ops.fused import OPS
+from npusim.ops.fused.layout import Format
 
 __all__ = ["NotSimulatedError", "install", "uninstall"]
 
@@ -72,8 +77,12 @@ def _build() -> types.ModuleType:
     module.__path__ = []  # type: ignore[attr-defined]  (a package: submodules come from the finder)
     module.npu = torch.npu  # type: ignore[attr-defined]
     module.NotSimulatedError = NotSimulatedError  # type: ignore[attr-defined]
+    module.Format = Format  # type: ignore[attr-defined]
     for name in NOT_SIMULATED:
-        setattr(module, name, _not_simulated(f"torch_npu.{name}"))
+        if name not in OPS:
+            setattr(module, name, _not_simulated(f"torch_npu.{name}"))
+    for name, op in OPS.items():
+        setattr(module, name, op)
 
     def missing(name: str) -> Any:
         if name in NOT_SIMULATED_MODULES:
