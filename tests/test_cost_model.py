@@ -104,6 +104,26 @@ def test_npu_fusion_attention_flops_and_cost(layout):
     assert counter.get_total_flops() == 10 * b * n * s * s * d  # recompute, dV, dP, dQ, dK
 
 
+def test_npu_grouped_matmul_counts_each_group():
+    """npu_grouped_matmul's FLOPs are 2*M*K*N per group: rows split among experts (group_type 0), one
+    matmul per pair (-1), and the k axis of a weight gradient (2); FlopCounterMode counts them on npu."""
+    x = torch.randn(12, 16, device="npu")
+    experts = torch.randn(3, 16, 8, device="npu")
+    pairs = ([torch.randn(4, 16, device="npu"), torch.randn(2, 16, device="npu")],
+             [torch.randn(16, 8, device="npu"), torch.randn(16, 5, device="npu")])
+    calls = [((([x], [experts]), {"group_list": [2, 7, 12], "split_item": 2}), 2 * 12 * 16 * 8),
+             ((pairs, {}), 2 * (4 * 16 * 8 + 2 * 16 * 5)),
+             ((([torch.randn(6, 16, device="npu")], [torch.randn(16, 8, device="npu")]),
+               {"group_list": [4, 16], "group_type": 2, "split_item": 2}), 2 * 6 * 16 * 8)]
+    op = torch.ops.npu.npu_grouped_matmul.List
+    for (args, kwargs), flops in calls:
+        with FlopCounterMode(display=False) as counter:
+            out = op(*args, **kwargs)
+        assert counter.get_total_flops() == flops
+        cost = cost_model.op_cost(op, args, kwargs, out, profile=TRAINING)
+        assert (cost.flops, cost.unit, cost.peak_tflops) == (flops, "cube", TRAINING.cube_fp32_tflops)
+
+
 def test_arguments_in_schema_order_split_as_a_call_passes_them():
     """The device core hands the hook arguments in schema order; keyword-only ones become keywords."""
     op = torch.ops.npu.npu_fusion_attention_grad.default

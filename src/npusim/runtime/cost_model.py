@@ -10,7 +10,7 @@ compute task occupies its stream for the roofline time of its op on the current 
 
 - flops: the op's formula in PyTorch's own registry, ``torch.utils.flop_counter.flop_registry``
   (matmuls, convolutions and their backward, scaled-dot-product attention and its backward;
-  npusim adds its fused attention operators' formulas there, ops/fused/attention/fusion.py).
+  npusim adds the formulas of its fused attention operators and npu_grouped_matmul there).
   An op with a formula runs on the cube units; every other op on the vector units, counted as
   one operation per element of its largest tensor.
 - peak: the cube's float16 / bfloat16 rate, its float32 rate, twice the 16-bit rate for int8;
