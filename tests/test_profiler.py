@@ -95,6 +95,23 @@ def test_chrome_trace_has_a_row_per_stream(tmp_path: Path):
     assert names[(1, copy["tid"])] == f"npu:1 stream {side.stream_id}"
 
 
+@pytest.mark.skipif(not hasattr(torch.npu, "_sleep"), reason="torch.npu._sleep comes with issue 20's branch")
+@pytest.mark.parametrize("preset", ["training_soc", "inference_soc"])
+def test_sleep_is_a_device_activity_of_cycles_at_the_chip_clock(preset: str):
+    """torch.npu._sleep(cycles) returns at once and is a device activity of the current stream lasting
+    cycles at the profile chip's clock (1.8 GHz on the 910B2, 1.068 GHz on the 310P3)."""
+    with npusim.use_profile(preset) as chip:
+        cycles = int(chip.clock_mhz * 20_000)  # 20 ms
+        torch.npu.synchronize()
+        with profile(activities=ACTIVITIES) as prof:
+            torch.npu._sleep(cycles)
+            assert not torch.npu.current_stream().query()
+            torch.npu.synchronize()
+    (sleep,) = [e for e in prof.events() if e.name == "sleep"]
+    assert (sleep.device_type, sleep.device_resource_id) == (DeviceType.PrivateUse1, 0)
+    assert 20_000 <= sleep.device_time_total < 20_000 + 50_000
+
+
 def test_cpu_only_profile_has_no_device_activities():
     """Profiling the CPU activity only records no device activity (as CUDA's kernels need CUDA's)."""
     dst, src = _pairs()
