@@ -47,7 +47,11 @@ class Profile:
     cube_core_num: int = 24
     vector_core_num: int = 48
     l2_cache_size: int = 192 * MIB
-    # The chip's rates, which the timing model's compute cost reads (Note [Chip figures]).
+    # The CANN release the profile models (torch_npu.npu.utils.get_cann_version); 9.1.0 pairs with
+    # the torch_npu releases of torch 2.12 onwards. old_cann models one before 8.1.RC1.
+    cann_version: str = "9.1.0"
+    # The chip's clock and rates: torch.npu._sleep(cycles) holds the stream for cycles / clock_mhz
+    # microseconds; the timing model's compute cost reads the rest (Note [Chip figures]).
     clock_mhz: float = 1800.0  # AI Core clock
     cube_tflops: float = 353.9  # float16 / bfloat16 matmul on the cube units
     cube_fp32_tflops: float = 176.9
@@ -107,7 +111,7 @@ PRESETS: dict[str, Profile] = {
         Profile("inference_soc", nd_out=False, batch=False, soc_name="Ascend310P3", total_memory=24 * GIB,
                 cube_core_num=8, vector_core_num=7, l2_cache_size=96 * MIB, clock_mhz=1068.0, cube_tflops=70.0,
                 cube_fp32_tflops=35.0, vector_tflops=4.1, vector_fp32_tflops=2.05, hbm_gbps=204.0),
-        Profile("old_cann", cann_ge_810rc1=False),
+        Profile("old_cann", cann_ge_810rc1=False, cann_version="8.0.RC3"),
         Profile("no_memcpy_batch", memcpy_batch=False, memcpy_batch_async=False),
         Profile("no_foreach_kernel", foreach_copy_kernel=False),
     )
