@@ -95,7 +95,6 @@ def test_chrome_trace_has_a_row_per_stream(tmp_path: Path):
     assert names[(1, copy["tid"])] == f"npu:1 stream {side.stream_id}"
 
 
-@pytest.mark.skipif(not hasattr(torch.npu, "_sleep"), reason="torch.npu._sleep comes with issue 20's branch")
 @pytest.mark.parametrize("preset", ["training_soc", "inference_soc"])
 def test_sleep_is_a_device_activity_of_cycles_at_the_chip_clock(preset: str):
     """torch.npu._sleep(cycles) returns at once and is a device activity of the current stream lasting
