@@ -97,8 +97,8 @@ set_timing_model: Callable[[float, float, float], None] = C.set_timing_model
 timing_model: Callable[[], tuple[float, float, float]] = C.timing_model
 
 
-def set_compute_cost(cost: Callable[..., float] | None) -> None:
-    """Installs the compute-cost hook (op, schema-ordered meta inputs, meta outputs) -> us; None removes it.
+def set_compute_cost(cost: Callable[[str, str, list[Any], list[Any]], float] | None) -> None:
+    """Installs the compute-cost hook fn(name, overload, meta_inputs, meta_outputs) -> us; None removes it.
 
     Compute ops are not stream tasks in this core yet (issue 22), so there is nothing to time."""
     if cost is not None:

@@ -10,7 +10,7 @@ speed. Set it by API or with ``NPUSIM_TIMING="copy_gbps=2,launch_us=20,link_gbps
 from __future__ import annotations
 
 import functools
-from collections.abc import Iterator, Sequence
+from collections.abc import Callable, Iterator, Sequence
 from contextlib import contextmanager
 from typing import Any, NamedTuple
 
@@ -41,11 +41,26 @@ def get() -> TimingModel:
     return TimingModel(*acl.timing_model(), compute=_compute)
 
 
-def compute_task_us(op: torch._ops.OpOverload, inputs: Sequence[Any], outputs: Any, *, launch_us: float) -> float:
-    """A compute task's modelled duration in microseconds: the hook the device core calls as it
-    launches the task, with the op, its arguments in schema order and its results (meta tensors)."""
+def compute_task_us(op: torch._ops.OpOverload, inputs: Sequence[Any], outputs: Sequence[Any], *,
+                    launch_us: float) -> float:
+    """A compute task's modelled duration in microseconds, from its op, its arguments in schema order and
+    its results (as the device core hands them to the hook: meta tensors)."""
     args, kwargs = cost_model.split_arguments(op, inputs)
-    return cost_model.op_cost(op, args, kwargs, outputs, launch_us=launch_us).us
+    out = outputs[0] if len(op._schema.returns) == 1 else tuple(outputs)  # what the op returns
+    return cost_model.op_cost(op, args, kwargs, out, launch_us=launch_us).us
+
+
+@functools.cache
+def _operator(name: str, overload: str) -> torch._ops.OpOverload:
+    namespace, _, op = name.partition("::")
+    return getattr(getattr(getattr(torch.ops, namespace), op), overload or "default")
+
+
+def _compute_cost(launch_us: float) -> Callable[[str, str, list[Any], list[Any]], float]:
+    """The hook acl.set_compute_cost installs: (op name, overload, meta inputs, meta outputs) -> us."""
+    def cost(name: str, overload: str, inputs: list[Any], outputs: list[Any]) -> float:
+        return compute_task_us(_operator(name, overload), inputs, outputs, launch_us=launch_us)
+    return cost
 
 
 def set(copy_gbps: float = 0.0, launch_us: float = 0.0, link_gbps: float = 0.0,  # noqa: A001
@@ -56,7 +71,7 @@ def set(copy_gbps: float = 0.0, launch_us: float = 0.0, link_gbps: float = 0.0, 
         if value < 0:
             raise ValueError(f"npusim timing model: {name} must be >= 0, got {value}")
     acl.set_timing_model(copy_gbps, launch_us, link_gbps)
-    acl.set_compute_cost(functools.partial(compute_task_us, launch_us=launch_us) if compute else None)
+    acl.set_compute_cost(_compute_cost(launch_us) if compute else None)
     _compute = bool(compute)
     return get()
 
