@@ -73,10 +73,11 @@ def test_device_time_goes_to_the_launching_op():
 
 
 def test_chrome_trace_has_a_row_per_stream(tmp_path: Path):
-    """In the Chrome trace a device task sits on process npu:1, on the row named after its stream."""
+    """In the Chrome trace a device task sits on process npu:1, on the row named after its stream, with
+    the timing model's part of its duration as its "modelled us"."""
     dst, src = _pairs(device="npu:1")
     side = torch.npu.Stream(device=1)
-    with profile(activities=ACTIVITIES) as prof:
+    with npusim.timing.model(launch_us=1_000), profile(activities=ACTIVITIES) as prof:
         with torch.npu.device(1):
             torch._foreach_copy_(dst, src)
             side.wait_stream(torch.npu.current_stream())
@@ -93,6 +94,7 @@ def test_chrome_trace_has_a_row_per_stream(tmp_path: Path):
     assert processes[1] == "npu:1" and chunk["pid"] == copy["pid"] == 1
     assert names[(1, chunk["tid"])] == "npu:1 stream 0 (default)"
     assert names[(1, copy["tid"])] == f"npu:1 stream {side.stream_id}"
+    assert float(chunk["args"]["modelled us"]) == 1_000 and chunk["dur"] >= 1_000
 
 
 @pytest.mark.parametrize("preset", ["training_soc", "inference_soc"])

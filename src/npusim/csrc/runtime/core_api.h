@@ -53,7 +53,7 @@ struct CoreApi {
   void (*host_wait_interrupt)();
   // See trace.h: a collective's profile at issue (null unless profiled) and
   // its run on the comm stream as a device activity of `device`'s comm row.
-  std::shared_ptr<TaskProfile> (*profile_collective)(std::string name, c10::DeviceIndex device);
+  std::shared_ptr<TaskProfile> (*profile_collective)(std::string name, c10::DeviceIndex device, double modelled_us);
   void (*run_profiled)(TaskProfile& profile, const std::function<void()>& fn);
 };
 

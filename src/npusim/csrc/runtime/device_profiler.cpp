@@ -38,7 +38,8 @@ namespace npusim {
 //   which makes it a kineto activity: a kernel, a memcpy (copies) or a sync
 //   (event records and waits) with pid = its device and tid = its stream
 //   (a collective backend's work on the row after the streams), linked to the
-//   launching op's CPU activity (getLinkedActivity). torch's post-processing
+//   launching op's CPU activity (getLinkedActivity), its "modelled us"
+//   argument the timing model's part of its duration. torch's post-processing
 //   then counts it as that op's device time (key_averages' "Self NPU" and
 //   "NPU total"), and the Chrome trace shows one row per stream, named after
 //   it ("npu:0 stream 3").
@@ -119,6 +120,9 @@ class NpuProfilerSession final : public libkineto::IActivityProfilerSession {
         act.linked = linked_activity(static_cast<int32_t>(a.correlation));
       }
       act.addMetadataQuoted("stream", lane_name(a.device, a.lane));
+      if (a.modelled_us > 0) {
+        act.addMetadataQuoted("modelled us", c10::str(a.modelled_us));  // the timing model's part
+      }
       act.log(logger);
       rows.emplace(a.device, a.lane);
     }

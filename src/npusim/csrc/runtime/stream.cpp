@@ -104,7 +104,7 @@ void NpuStream::enqueue(std::function<void()> fn, double duration_us, const char
     return;
   }
   push(std::move(fn), duration_us, op,
-      profiler_active() ? profile_task(op, device_, id_, activity_kind(op)) : nullptr);
+      profiler_active() ? profile_task(op, device_, id_, activity_kind(op), duration_us) : nullptr);
   if (launch_blocking() && !on_stream_worker()) {
     synchronize();
   }

@@ -99,14 +99,15 @@ ActivityKind activity_kind(const char* label) {
   return ActivityKind::kKernel;
 }
 
-std::shared_ptr<TaskProfile> profile_task(std::string name, c10::DeviceIndex device, int lane, ActivityKind kind) {
+std::shared_ptr<TaskProfile> profile_task(std::string name, c10::DeviceIndex device, int lane, ActivityKind kind,
+    double modelled_us) {
   if (!profiler_active()) {
     return nullptr;
   }
   auto profile = std::make_shared<TaskProfile>();
   profile->debug_info = c10::ThreadLocalDebugInfo::current();
   if (recording_device_activities()) {
-    profile->activity = DeviceActivity{std::move(name), device, lane, kind, current_correlation(), 0, 0};
+    profile->activity = DeviceActivity{std::move(name), device, lane, kind, current_correlation(), modelled_us, 0, 0};
   }
   return profile;
 }
@@ -117,16 +118,16 @@ void run_profiled(TaskProfile& profile, const std::function<void()>& fn) {
     fn();
     return;
   }
+  // Handed to the session when the task ends, however it ends.
+  struct Timed {
+    DeviceActivity& activity;
+    ~Timed() {
+      activity.end_ns = c10::getTime();
+      record_activity(std::move(activity));
+    }
+  } timed{*profile.activity};
   profile.activity->start_ns = c10::getTime();
-  try {
-    fn();
-  } catch (...) {
-    profile.activity->end_ns = c10::getTime();
-    record_activity(std::move(*profile.activity));
-    throw;
-  }
-  profile.activity->end_ns = c10::getTime();
-  record_activity(std::move(*profile.activity));
+  fn();
 }
 
 void name_thread(const std::string& name) {

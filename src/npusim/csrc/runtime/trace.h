@@ -44,6 +44,7 @@ struct DeviceActivity {
   int lane = 0;  // the stream id, or kCommLane
   ActivityKind kind = ActivityKind::kKernel;
   uint64_t correlation = 0;  // 0: launched outside any op
+  double modelled_us = 0.0;  // the timing model's part of its duration
   int64_t start_ns = 0;
   int64_t end_ns = 0;
 };
@@ -68,7 +69,8 @@ struct TaskProfile {
 
 // Null unless profiler_active(). Called on the launching thread: the
 // activity's correlation is that thread's innermost op.
-std::shared_ptr<TaskProfile> profile_task(std::string name, c10::DeviceIndex device, int lane, ActivityKind kind);
+std::shared_ptr<TaskProfile> profile_task(std::string name, c10::DeviceIndex device, int lane, ActivityKind kind,
+    double modelled_us);
 // Runs fn as the task `profile` describes: under its profiler state, timed
 // as its device activity (which is then handed to the profiler session).
 void run_profiled(TaskProfile& profile, const std::function<void()>& fn);
