@@ -14,7 +14,7 @@ import torch
 from torch_npu._C import _distributed_c10d
 
 from npusim.compat.torch_npu import NotSimulatedError
-from npusim.compile.runtime import get_raw_stream as _npu_getCurrentRawStream  # noqa: N812  (torch_npu's name)
+from npusim.compile.generated_calls import get_raw_stream as _npu_getCurrentRawStream  # noqa: N812  (torch_npu's name)
 from npusim.runtime.utils import _is_gte_cann_version, get_cann_version
 
 __all__ = ["_distributed_c10d", "_get_cann_version", "_is_gte_cann_version", "_npu_getCurrentRawStream",
