@@ -96,6 +96,15 @@ host_memory_stats: Callable[[], dict[str, int]] = C.host_memory_stats
 set_timing_model: Callable[[float, float, float], None] = C.set_timing_model
 timing_model: Callable[[], tuple[float, float, float]] = C.timing_model
 
+
+def set_compute_cost(cost: Callable[[str, str, list[Any], list[Any]], float] | None) -> None:
+    """Installs the compute-cost hook fn(name, overload, meta_inputs, meta_outputs) -> us; None removes it.
+
+    Compute ops are not stream tasks in this core yet (issue 22), so there is nothing to time."""
+    if cost is not None:
+        raise RuntimeError("npusim timing model: compute=True needs compute ops to be stream tasks, "
+                           "which this device core does not make them yet")
+
 # ---- random numbers ---------------------------------------------------------
 
 # The device's default Philox generator (seed, offset) as a torch.Generator; the
@@ -138,7 +147,7 @@ foreach_copy_traced: Callable[[], bool] = C.foreach_copy_traced
 foreach_copy_route_counts: Callable[[], dict[str, int]] = C.foreach_copy_route_counts
 
 
-# ---- observers (npusim.sanitizer; torch.profiler needs none, see csrc/trace.h) --
+# ---- observers (npusim.sanitizer; torch.profiler needs none: csrc/runtime/device_profiler.cpp)
 
 # fn(op, event_id, device, stream_id) after each event record / wait and host
 # synchronize, on the host thread that did it (op numbers: csrc/trace.h StreamOp); None removes it.

@@ -103,10 +103,15 @@ void NpuStream::enqueue(std::function<void()> fn, double duration_us, const char
     graph->add_task(std::move(fn), duration_us, op);
     return;
   }
-  push(std::move(fn), duration_us, op, profiler_active() ? profile_task(name(), op) : nullptr);
+  push(std::move(fn), duration_us, op,
+      profiler_active() ? profile_task(op, device_, id_, activity_kind(op), duration_us) : nullptr);
   if (launch_blocking() && !on_stream_worker()) {
     synchronize();
   }
+}
+
+void NpuStream::enqueue_unobserved(std::function<void()> fn, const char* op) {
+  push(std::move(fn), 0.0, op, nullptr);
 }
 
 void NpuStream::push(std::function<void()> fn, double duration_us, const char* op,
@@ -155,8 +160,7 @@ void NpuStream::run() {
     }
     if (task.profile) {
       // See Note [Device tasks in torch.profiler].
-      const TaskProfileScope scope(*task.profile);
-      run_task(task);
+      run_profiled(*task.profile, [&] { run_task(task); });
     } else {
       run_task(task);
     }
