@@ -276,11 +276,12 @@ def test_snapshot_segments_blocks_and_memory_viz(clean_npu, tmp_path):
 
 
 def test_cache_stays_bounded_when_sizes_keep_changing(clean_npu):
-    """A loop over shrinking sizes and conv2d from two threads with shrinking images reserve a few segments, not
-    one per size (before splitting: 383 MiB for 200 sizes below 4 MiB, 4481 MiB for 512x512 images, 200 calls)."""
-    shrinking_sizes(200, 4 * MIB, DEVICE)
-    # one 20 MiB large-pool segment that every size over 1 MiB is split from, one 2 MiB small-pool segment
-    assert stats("reserved_bytes.all.peak", "segment.all.peak") == (22 * MIB, 2)
+    """Issue 24's loop over shrinking sizes (500 sizes from 5 MiB down to 0.6 MiB: the exact-size cache reserved
+    every one, about 1400 MiB) and conv2d from two threads with shrinking images (4481 MiB for 512x512 images,
+    200 calls) reserve a few segments, not one per size."""
+    shrinking_sizes(500, 5 * MIB, DEVICE, bottom_bytes=600 * KIB)
+    # one 20 MiB large-pool segment that every size over 1 MiB is split from, one 2 MiB small-pool segment for the rest
+    assert stats("reserved_bytes.all.peak", "segment.all.peak", "num_device_alloc") == (22 * MIB, 2, 2)
     torch.npu.empty_cache()
     torch.npu.reset_peak_memory_stats()
     conv2d_threads(512, 200, threads=2, trials=1, device=DEVICE)

@@ -10,10 +10,12 @@ import threading
 import torch
 
 
-def shrinking_sizes(steps: int, top_bytes: int, device: int) -> None:
-    """``steps`` tensors of sizes shrinking from ``top_bytes``, each written and dropped for the next."""
+def shrinking_sizes(steps: int, top_bytes: int, device: int, bottom_bytes: int = 0) -> None:
+    """``steps`` tensors of sizes shrinking evenly from ``top_bytes`` towards ``bottom_bytes``, each written and
+    dropped for the next."""
     for k in range(steps):
-        t = torch.empty(top_bytes * (steps - k) // steps, dtype=torch.uint8, device=torch.device("npu", device))
+        nbytes = bottom_bytes + (top_bytes - bottom_bytes) * (steps - k) // steps
+        t = torch.empty(nbytes, dtype=torch.uint8, device=torch.device("npu", device))
         t.fill_(1)
     torch.npu.synchronize(device)
 
