@@ -518,16 +518,7 @@ Block* DeviceCache::malloc_locked(size_t nbytes, c10::StreamId stream, std::uniq
   if (b == nullptr) {
     // Let deferred frees complete and give every free segment back, then
     // retry once (CUDA synchronizes before its last retry).
-    bool waited = false;
-    {
-      lock.unlock();
-      waited = wait_for_device_streams(device);
-      lock.lock();
-    }
-    if (waited) {
-      stats.num_sync_all_streams += 1;
-    }
-    release_cached_blocks_locked(waited);
+    empty_cache_locked(lock, /*synchronize=*/true);
     b = get_free_block_locked(pool, stream, size);
     if (b == nullptr) {
       b = map_segment_locked(pool, stream, alloc_size, true, &why);
@@ -544,13 +535,7 @@ Block* DeviceCache::adopt_locked(c10::DataPtr&& cpu, size_t nbytes, c10::StreamI
   BlockPool& pool = nbytes <= kSmallSize ? small_ : large_;
   const int64_t cap = limit();
   if (cap >= 0 && reserved() + static_cast<int64_t>(nbytes) > cap) {
-    lock.unlock();
-    const bool waited = wait_for_device_streams(device);
-    lock.lock();
-    if (waited) {
-      stats.num_sync_all_streams += 1;
-    }
-    release_cached_blocks_locked(waited);
+    empty_cache_locked(lock, /*synchronize=*/true);
     stats.num_alloc_retries += 1;
     if (reserved() + static_cast<int64_t>(nbytes) > cap) {
       raise_oom_locked(nbytes, nbytes, "");  // `cpu` frees the memory
