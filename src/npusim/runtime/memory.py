@@ -119,17 +119,6 @@ def host_empty_cache() -> None:
     (torch_npu: releases the pinned-memory cache)."""
 
 
-def _set_allocator_settings(settings: str) -> None:
-    """torch_npu's contract: only ``"expandable_segments:True"`` / ``"...:False"`` is accepted. As in
-    ``PYTORCH_NPU_ALLOC_CONF``, the key is accepted without effect (the simulated allocator has no
-    expandable segments); any other setting raises, naming the call."""
-    key, sep, value = settings.partition(":")
-    if key.strip() != "expandable_segments" or not sep:
-        raise RuntimeError(f"torch.npu.memory._set_allocator_settings: torch_npu accepts only "
-                           f"'expandable_segments:True' or 'expandable_segments:False', got {settings!r}")
-    config.parse_bool(value, "torch.npu.memory._set_allocator_settings: expandable_segments")
-
-
 def set_memory_capacity(nbytes: int | str | None, device: _device_t = None) -> None:
     """Sets the device's total memory (None: the profile's HBM size); over it, OutOfMemoryError."""
     from npusim.runtime.profiles import get_profile

@@ -87,7 +87,7 @@ FRAMEWORK_PROVIDED: dict[str, str] = {
     "torch.npu.host_empty_cache": "nothing to release: pinned blocks are not cached",
     "torch.npu.get_arch_list": "the simulated SoC",
     "torch.npu._sleep": "a delay task on the current stream (the profile's clock_mhz)",
-    "torch.npu.memory._set_allocator_settings": "torch_npu's contract: expandable_segments only, no effect",
+    "torch.npu.memory._set_allocator_settings": "re-parses torch_npu's run-time keys (Note [Allocator settings])",
     "torch.npu.default_generators": "one Philox generator per device (DeepSpeed's accelerator)",
     "torch.npu.set_option": "stored (MindSpeed)",
 }
