@@ -242,13 +242,15 @@ def test_small_copies_on_an_idle_stream_are_done_by_the_caller():
     assert tasks() == before
     assert torch.equal(back, small)
     large = torch.zeros(64 * 1024 // 4 + 1, device="npu")  # just over 64 KiB
+    ones = torch.ones_like(large)
     torch.npu.synchronize()
     before = tasks()
-    large.copy_(torch.ones_like(large))
+    large.copy_(ones)
     assert tasks() == before + 1
     torch.npu.synchronize()
+    doubled = on_npu * 2
     with slow_copies():
-        copied.copy_(on_npu * 2)
+        copied.copy_(doubled)
         assert tasks() == before + 2
         torch.npu.synchronize()
     assert torch.equal(copied.cpu(), small * 2)

@@ -42,7 +42,7 @@ struct GraphCapture final : StreamCapture {
 
   void append(GraphTask task);
   // Records `message` as the capture's failure (the first one wins) and raises it.
-  [[noreturn]] void invalidate(const std::string& message);
+  [[noreturn]] void invalidate(const std::string& message) override;
 
   void add_task(std::function<void()> fn, double duration_us, const char* op) override;
   [[noreturn]] void refuse_host_wait(const NpuStream& stream, const char* op) override;

@@ -16,14 +16,17 @@ void event_record(NpuEvent& event, NpuStream& stream) {
     record->when = std::chrono::steady_clock::now();
     return;
   }
-  stream.enqueue([record] {
+  // A signal: it runs on a failed stream too, and carries the failure on.
+  stream.enqueue([record, &stream] {
+    std::string error = stream.failure();
     {
       std::lock_guard<std::mutex> lock(record->mutex);
       record->done = true;
       record->when = std::chrono::steady_clock::now();
+      record->error = std::move(error);
     }
     record->cv.notify_all();
-  }, 0.0, "event_record");
+  }, 0.0, "event_record", TaskKind::kSignal);
 }
 
 void stream_wait_event(NpuStream& stream, const NpuEvent& event) {
@@ -33,13 +36,17 @@ void stream_wait_event(NpuStream& stream, const NpuEvent& event) {
   }
   if (!tasks_must_show(stream)) {
     std::lock_guard<std::mutex> lock(record->mutex);
-    if (record->done) {
+    if (record->done && record->error.empty()) {
       return;  // Note [Work on an idle stream]
     }
   }
-  stream.enqueue([record] {
+  stream.enqueue([record, &stream] {
     std::unique_lock<std::mutex> lock(record->mutex);
     record->cv.wait(lock, [&] { return record->done; });
+    if (!record->error.empty()) {
+      // See Note [Errors of asynchronous work]: the failure follows the dependency.
+      stream.fail("wait_event failed: the event was recorded after a failure (" + record->error + ")");
+    }
   }, 0.0, "wait_event");
 }
 
@@ -59,6 +66,8 @@ void event_synchronize(const NpuEvent& event) {
   }
   std::unique_lock<std::mutex> lock(record->mutex);
   record->cv.wait(lock, [&] { return record->done; });
+  TORCH_CHECK(record->error.empty(), "npusim: event synchronize: the event was recorded on npu:",
+      static_cast<int>(event.device), " after asynchronous work failed: ", record->error);
 }
 
 double event_elapsed_ms(const NpuEvent& start, const NpuEvent& end) {
