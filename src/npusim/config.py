@@ -128,13 +128,15 @@ def parse_settings(text: str, name: str, readers: Mapping[str, Callable[[str, st
                    assign: str = "=") -> dict[str, T]:
     """Parses ``"key=value,key=value"`` (``assign`` is the ``=``): each key must be one of
     ``readers``, whose reader turns the value's text into a setting (it is given
-    ``"NAME key"`` for errors)."""
+    ``"NAME key"`` for errors), and may appear once."""
     settings: dict[str, T] = {}
     for item in filter(None, (part.strip() for part in text.split(","))):
         key, sep, value = item.partition(assign)
         key = key.strip()
         if not sep or key not in readers:
             raise fail(name, f"comma-separated key{assign}value with keys {', '.join(sorted(readers))}", item)
+        if key in settings:  # which of the two was meant is the user's to say, not ours
+            raise ConfigError(f"{name}: key {key!r} is given more than once, in {text!r}; give it once")
         settings[key] = readers[key](value, f"{name} {key}")
     return settings
 

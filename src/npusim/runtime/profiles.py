@@ -13,7 +13,6 @@ and override single flags, through the API or the environment::
 from __future__ import annotations
 
 import dataclasses
-import functools
 from collections.abc import Iterator
 from contextlib import contextmanager
 
@@ -48,18 +47,15 @@ class Profile:
     cube_core_num: int = 24
     vector_core_num: int = 48
     l2_cache_size: int = 192 * MIB
+    # The CANN release the profile models (torch_npu.npu.utils.get_cann_version); 9.1.0 pairs with
+    # the torch_npu releases of torch 2.12 onwards. old_cann models one before 8.1.RC1.
+    cann_version: str = "9.1.0"
+    # AI Core clock: torch.npu._sleep(cycles) holds the stream for cycles / clock_mhz microseconds.
+    clock_mhz: float = 1800.0
 
     @property
     def fast_dtypes(self) -> frozenset[torch.dtype]:
         return _BASE_FAST_DTYPES | _CANN_810_DTYPES if self.cann_ge_810rc1 else _BASE_FAST_DTYPES
-
-    @functools.cached_property
-    def fast_dtype_mask(self) -> int:
-        """``fast_dtypes`` as the bit mask the native kernel takes (computed once per profile)."""
-        return acl.dtype_mask(sorted(self.fast_dtypes, key=str))
-
-    def memcpy_batch_available(self, non_blocking: bool) -> bool:
-        return self.memcpy_batch_async if non_blocking else self.memcpy_batch
 
     def replace(self, **overrides: object) -> Profile:
         unknown = set(overrides) - {f.name for f in dataclasses.fields(self)}
@@ -79,7 +75,7 @@ PRESETS: dict[str, Profile] = {
         # An Atlas 300I Pro card: no ND foreach kernel, no batched memcpy.
         Profile("inference_soc", nd_out=False, batch=False, soc_name="Ascend310P3", total_memory=24 * GIB,
                 cube_core_num=8, vector_core_num=7, l2_cache_size=96 * MIB),
-        Profile("old_cann", cann_ge_810rc1=False),
+        Profile("old_cann", cann_ge_810rc1=False, cann_version="8.0.RC3"),
         Profile("no_memcpy_batch", memcpy_batch=False, memcpy_batch_async=False),
         Profile("no_foreach_kernel", foreach_copy_kernel=False),
     )
@@ -114,12 +110,13 @@ def _from_env() -> Profile:
 
 
 def _activate(profile: Profile) -> Profile:
-    """Makes ``profile`` current; the only place ``_current`` changes, so the native
-    ``_foreach_copy_`` kernel's mirror of it never goes stale
-    (See Note [Native _foreach_copy_ kernel] in csrc/foreach_copy.cpp)."""
+    """Makes ``profile`` current; the only place ``_current`` changes. The ``_foreach_copy_``
+    kernel routes by the profile's flags, which it is handed here and which nothing in Python
+    routes by (See Note [The _foreach_copy_ router] in csrc/aten/foreach_copy.cpp)."""
     global _current
-    acl.set_foreach_copy_profile(profile.foreach_copy_kernel, profile.nd_out, profile.fast_dtype_mask,
-                                 profile.sync_timeout_s)
+    acl.set_foreach_copy_config(profile.foreach_copy_kernel, profile.nd_out, profile.batch, profile.memcpy_batch,
+                                profile.memcpy_batch_async, sorted(profile.fast_dtypes, key=str),
+                                profile.sync_timeout_s)
     _current = profile
     return profile
 

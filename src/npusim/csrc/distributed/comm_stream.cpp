@@ -1,5 +1,6 @@
 #include "comm_stream.h"
 
+#include "../runtime/host_wait.h"
 #include "../runtime/stream.h"
 #include "core_api_client.h"
 
@@ -54,11 +55,7 @@ void Completion::set(std::string error) {
 
 bool Completion::wait(double timeout_s) const {
   std::unique_lock<std::mutex> lock(mutex_);
-  if (timeout_s < 0) {
-    cv_.wait(lock, [&] { return done_; });
-    return true;
-  }
-  return cv_.wait_for(lock, std::chrono::duration<double>(timeout_s), [&] { return done_; });
+  return wait_on_host(cv_, lock, timeout_s, [&] { return done_; });  // Note [Interruptible host waits]
 }
 
 bool Completion::done() const {

@@ -1,4 +1,4 @@
-// What an npu graph capture holds (graph.cpp, op_recorder.cpp): the tasks
+// What an npu graph capture holds (graph.cpp): the tasks
 // recorded from the captured stream, the private pool its allocations come
 // from, and the first forbidden call. See Note [NPU graph capture].
 #pragma once

@@ -22,7 +22,7 @@ namespace npusim {
 class NpuStream;
 struct FenceCounter;
 
-constexpr uint32_t kCoreApiVersion = 2;
+constexpr uint32_t kCoreApiVersion = 3;
 constexpr const char* kCoreApiCapsule = "npusim.core_api";
 
 struct CoreApi {
@@ -46,6 +46,8 @@ struct CoreApi {
   // (see runtime.h), and the call that releases frees whose fences passed.
   FenceCounter* (*new_fence_counter)();
   void (*maybe_reclaim)();
+  // The interrupt check of host waits (Note [Interruptible host waits] in host_wait.h).
+  void (*host_wait_interrupt)();
 };
 
 }  // namespace npusim

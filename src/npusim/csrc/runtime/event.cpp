@@ -1,5 +1,7 @@
 #include "event.h"
 
+#include "host_wait.h"
+
 #include <c10/util/Exception.h>
 
 namespace npusim {
@@ -65,7 +67,7 @@ void event_synchronize(const NpuEvent& event) {
     return;
   }
   std::unique_lock<std::mutex> lock(record->mutex);
-  record->cv.wait(lock, [&] { return record->done; });
+  wait_on_host(record->cv, lock, -1.0, [&] { return record->done; });  // Note [Interruptible host waits]
   TORCH_CHECK(record->error.empty(), "npusim: event synchronize: the event was recorded on npu:",
       static_cast<int>(event.device), " after asynchronous work failed: ", record->error);
 }

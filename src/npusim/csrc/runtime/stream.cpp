@@ -1,5 +1,7 @@
 #include "stream.h"
 
+#include "host_wait.h"
+
 #include <c10/util/Exception.h>
 #include <c10/util/StringUtil.h>
 
@@ -264,16 +266,18 @@ bool NpuStream::wait_completed(uint64_t target, double timeout_s) {
   if (spin_until(ready, spin)) {
     return true;
   }
-  host_waiters_.fetch_add(1, std::memory_order_seq_cst);
+  // Counted while asleep (the worker then notifies); the interrupt check may throw out of the wait.
+  struct Asleep {
+    std::atomic<int>& waiters;
+    explicit Asleep(std::atomic<int>& n) : waiters(n) {
+      waiters.fetch_add(1, std::memory_order_seq_cst);
+    }
+    ~Asleep() {
+      waiters.fetch_sub(1, std::memory_order_seq_cst);
+    }
+  } asleep(host_waiters_);
   std::unique_lock<std::mutex> lock(mutex_);
-  bool done = true;
-  if (timeout_s < 0) {
-    done_cv_.wait(lock, ready);
-  } else {
-    done = done_cv_.wait_for(lock, std::chrono::duration<double>(timeout_s), ready);
-  }
-  host_waiters_.fetch_sub(1, std::memory_order_seq_cst);
-  return done;
+  return wait_on_host(done_cv_, lock, timeout_s, ready);  // Note [Interruptible host waits]
 }
 
 // Note [Errors of asynchronous work]

@@ -16,6 +16,8 @@
 #include "../aten/foreach_copy.cpp"
 #include "../aten/autocast.cpp"
 #include "../aten/zero_tensor.cpp"
+#include "../aten/backend_meta.cpp"
+#include "../aten/ipc.cpp"
 #include "../python/runtime_bindings.cpp"
 #include "../python/memory_bindings.cpp"
 #include "../python/observer_bindings.cpp"

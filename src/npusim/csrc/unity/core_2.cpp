@@ -13,6 +13,7 @@
 #include "../aten/generator.cpp"
 #include "../aten/random_ops.cpp"
 #include "../aten/cuda_semantics.cpp"
+#include "../aten/attention.cpp"
 #include "../graph/graph.cpp"
 #include "../python/graph_bindings.cpp"
 #include "../python/ops_bindings.cpp"
