@@ -62,9 +62,29 @@ def test_small_work_on_an_idle_stream_is_done_by_the_host_except_under_the_profi
     large.mul(3)
     assert _tasks() == before + 1
     torch.npu.synchronize()
-    with torch.profiler.profile(activities=[torch.profiler.ProfilerActivity.CPU]) as prof:
+    activities = [torch.profiler.ProfilerActivity.CPU, torch.profiler.ProfilerActivity.PrivateUse1]
+    with torch.profiler.profile(activities=activities) as prof:
         (small + small).cpu()
-    assert any(e.name == "npu:0 stream 0 (default): aten::add.Tensor" for e in prof.events())
+    device = [(e.name, e.device_index, e.device_resource_id) for e in prof.events()
+              if e.device_type == torch.autograd.DeviceType.PrivateUse1]
+    assert device == [("aten::add.Tensor", 0, 0), ("copy_d2h", 0, 0)]
+
+
+def test_profiler_reports_device_time_for_a_matmul():
+    """A 2048x2048 matmul is a device activity of its stream; key_averages gives aten::mm its device time
+    (Self NPU); the task ends after the host's aten::mm returned."""
+    x, w = torch.randn(2048, 2048, device="npu"), torch.randn(2048, 2048, device="npu")
+    torch.npu.synchronize()
+    activities = [torch.profiler.ProfilerActivity.CPU, torch.profiler.ProfilerActivity.PrivateUse1]
+    with torch.profiler.profile(activities=activities) as prof:
+        x @ w
+        torch.npu.synchronize()
+    mm = {row.key: row for row in prof.key_averages()}["aten::mm"]
+    task = next(e for e in prof.events() if e.device_type == torch.autograd.DeviceType.PrivateUse1)
+    host = next(e for e in prof.events() if e.name == "aten::mm" and e.device_type == torch.autograd.DeviceType.CPU)
+    assert task.name == "aten::mm" and (task.device_index, task.device_resource_id) == (0, 0)
+    assert mm.self_device_time_total == pytest.approx(task.device_time_total) and task.device_time_total > 0
+    assert host.time_range.end < task.time_range.end
 
 
 def test_queued_ops_run_in_order_and_host_reads_wait_for_them():

@@ -144,7 +144,7 @@ foreach_copy_traced: Callable[[], bool] = C.foreach_copy_traced
 foreach_copy_route_counts: Callable[[], dict[str, int]] = C.foreach_copy_route_counts
 
 
-# ---- observers (npusim.sanitizer; torch.profiler needs none, see csrc/trace.h) --
+# ---- observers (npusim.sanitizer; torch.profiler needs none: csrc/runtime/device_profiler.cpp)
 
 # fn(op, event_id, device, stream_id) after each event record / wait and host
 # synchronize, on the host thread that did it (op numbers: csrc/trace.h StreamOp); None removes it.

@@ -66,6 +66,11 @@ const npusim::CoreApi& core_api_table() {
         npusim::reclaim_pinned_frees();
       },
       &check_python_signals,
+      [](std::string name, c10::DeviceIndex device, double modelled_us) {
+        return npusim::profile_task(std::move(name), device, npusim::kCommLane, npusim::ActivityKind::kKernel,
+            modelled_us);
+      },
+      &npusim::run_profiled,
   };
   return table;
 }

@@ -6,20 +6,22 @@
 
 namespace npusim {
 
-void event_record(NpuEvent& event, NpuStream& stream) {
+namespace {
+
+std::shared_ptr<EventRecord> new_record(NpuEvent& event, const NpuStream& stream) {
   TORCH_CHECK(event.device < 0 || event.device == stream.device(),
       "Event device npu:", static_cast<int>(event.device),
       " does not match recording stream's device npu:", static_cast<int>(stream.device()));
   event.device = stream.device();
   auto record = std::make_shared<EventRecord>();
   event.record = record;
-  if (done_on_the_host_now(stream)) {  // Note [Work on an idle stream]
-    record->done = true;  // no other thread has this record yet
-    record->when = std::chrono::steady_clock::now();
-    return;
-  }
-  // A signal: it runs on a failed stream too, and carries the failure on.
-  stream.enqueue([record, &stream] {
+  return record;
+}
+
+// A signal: it runs on a failed stream too, and carries the failure on
+// (Note [Errors of asynchronous work]).
+std::function<void()> complete_record(std::shared_ptr<EventRecord> record, const NpuStream& stream) {
+  return [record = std::move(record), &stream] {
     std::string error = stream.failure();
     {
       std::lock_guard<std::mutex> lock(record->mutex);
@@ -28,7 +30,32 @@ void event_record(NpuEvent& event, NpuStream& stream) {
       record->error = std::move(error);
     }
     record->cv.notify_all();
-  }, 0.0, "event_record", TaskKind::kSignal);
+  };
+}
+
+void record_now(EventRecord& record) {
+  record.done = true;  // no other thread has this record yet
+  record.when = std::chrono::steady_clock::now();
+}
+
+}  // namespace
+
+void event_record(NpuEvent& event, NpuStream& stream) {
+  auto record = new_record(event, stream);
+  if (done_on_the_host_now(stream)) {  // Note [Work on an idle stream]
+    record_now(*record);
+    return;
+  }
+  stream.enqueue(complete_record(std::move(record), stream), 0.0, "event_record", TaskKind::kSignal);
+}
+
+void event_record_unobserved(NpuEvent& event, NpuStream& stream) {
+  auto record = new_record(event, stream);
+  if ((stream.query() && !stream.failed()) || stream.capture() != nullptr) {
+    record_now(*record);  // a capture's replay needs no profiler marker
+    return;
+  }
+  stream.enqueue_unobserved(complete_record(std::move(record), stream), "event_record");
 }
 
 void stream_wait_event(NpuStream& stream, const NpuEvent& event) {

@@ -153,10 +153,15 @@ void NpuStream::enqueue(std::function<void()> fn, double duration_us, const char
     graph->add_task(std::move(fn), duration_us, op);
     return;
   }
-  push(Task{std::move(fn), duration_us, op, kind, profiler_active() ? profile_task(name(), op) : nullptr});
+  push(Task{std::move(fn), duration_us, op, kind,
+      profiler_active() ? profile_task(op, device_, id_, activity_kind(op), duration_us) : nullptr});
   if (launch_blocking() && !on_stream_worker()) {
     synchronize();
   }
+}
+
+void NpuStream::enqueue_unobserved(std::function<void()> fn, const char* op) {
+  push(Task{std::move(fn), 0.0, op, TaskKind::kSignal, nullptr});
 }
 
 void NpuStream::push(Task task) {
@@ -240,8 +245,7 @@ void NpuStream::run() {
     if (task.fn) {
       if (task.profile) {
         // See Note [Device tasks in torch.profiler].
-        const TaskProfileScope scope(*task.profile);
-        run_task(task);
+        run_profiled(*task.profile, [&] { run_task(task); });
       } else {
         run_task(task);
       }
