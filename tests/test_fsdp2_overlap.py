@@ -16,7 +16,8 @@ import npusim
 from npusim.testing.ranks import run_ranks
 
 DIM, LINEARS, COMPUTE_MS, COMM_MS = 4, 3, 30, 30
-# CPU delays and copies on a machine shared with other work (PyTorch's test allows 2 ms on a GPU host; 20 ms measured here under load).
+# CPU delays and copies on a machine shared with other work (PyTorch's test allows 2 ms on a GPU host;
+# about 20 ms were measured here under load).
 BUFFER_MS = 40
 
 
