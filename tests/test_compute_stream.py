@@ -284,3 +284,22 @@ def test_launch_blocking_runs_each_op_before_its_call_returns():
     run = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=240, env=env)
     assert run.returncode == 0, run.stderr[-3000:]
     assert "raised:" in run.stdout and "out of range" in run.stdout
+
+
+@pytest.mark.parametrize("weight_dtype", [torch.bfloat16, torch.float32])
+def test_norm_statistics_take_the_cpu_kernels_dtype(weight_dtype):
+    """Note [Statistics dtypes of CPU norms]: a queued bf16 layer norm saves its mean and rstd in the dtype
+    CPU's kernel gives them, so that its backward (a CPU kernel too) runs; values and gradients equal CPU's."""
+    x = torch.randn(4, 8, dtype=torch.bfloat16)
+    w = torch.randn(8, dtype=weight_dtype)
+    expected = torch.ops.aten.native_layer_norm(x, [8], w, None, 1e-5)
+    _hold_stream()
+    got = torch.ops.aten.native_layer_norm(x.npu(), [8], w.npu(), None, 1e-5)
+    for a, b in zip(expected, got, strict=True):
+        assert b.dtype == a.dtype
+        torch.testing.assert_close(b.cpu(), a, rtol=0, atol=0)
+    xn = x.npu().requires_grad_()
+    torch.nn.functional.layer_norm(xn, [8], w.npu()).sum().backward()
+    xc = x.clone().requires_grad_()
+    torch.nn.functional.layer_norm(xc, [8], w).sum().backward()
+    torch.testing.assert_close(xn.grad.cpu(), xc.grad)

@@ -12,6 +12,7 @@
 #include <c10/core/DeviceGuard.h>
 #include <c10/util/Exception.h>
 
+#include <algorithm>
 #include <atomic>
 #include <cstring>
 #include <memory>
@@ -367,7 +368,19 @@ class BoxedLaunch {
     if (keep_inputs) {
       meta_inputs_ = stack;  // for the compute-cost hook
     }
+    at::ScalarType stats_dtype = at::ScalarType::Undefined;
+    if (traits_.stats_dtype_from >= 0) {  // Note [Statistics dtypes of CPU norms] (op_traits.cpp)
+      const c10::IValue& weight = stack[static_cast<size_t>(traits_.stats_dtype_from)];
+      stats_dtype = (weight.isTensor() && weight.toTensor().defined() ? weight : stack[0]).toTensor().scalar_type();
+    }
     op_.redispatchBoxed(c10::DispatchKeySet(c10::DispatchKey::Meta), &stack);
+    if (stats_dtype != at::ScalarType::Undefined) {
+      for (size_t i = 1; i < std::min<size_t>(stack.size(), 3); ++i) {  // save_mean, save_rstd
+        if (stack[i].isTensor() && stack[i].toTensor().defined()) {
+          stack[i] = stack[i].toTensor().to(stats_dtype);
+        }
+      }
+    }
     meta_outputs_ = std::move(stack);
   }
 

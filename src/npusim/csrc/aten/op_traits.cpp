@@ -48,6 +48,29 @@ bool cpu_kernel_is_python(const c10::OperatorHandle& op) {
   return true;
 }
 
+// Note [Statistics dtypes of CPU norms]
+// A compute task's outputs are allocated at launch from the Meta kernel's
+// answer, and a later op's CPU kernel reads them. For a reduced-precision
+// input the Meta kernels of layer and batch norm return their saved mean
+// and rstd in float32 (CUDA's accumulate type), while CPU's kernels return
+// them in the weight's dtype (float32 only for a float32 weight, else the
+// input's) and CPU's backward kernels insist on that dtype ("expected scalar
+// type BFloat16 but found Float"). The statistics are the op's own
+// intermediates, only its backward reads them, so they take CPU's dtype:
+// what the host run gives, and what the backward's CPU kernel accepts.
+// `weight` is the schema index of the weight argument.
+struct NormStats {
+  const char* name;
+  int weight;
+};
+constexpr NormStats kCpuNormStats[] = {
+    {"aten::native_layer_norm", 2},
+    {"aten::native_batch_norm", 1},
+    {"aten::_native_batch_norm_legit", 1},
+    {"aten::_native_batch_norm_legit_no_training", 1},
+    {"aten::_native_batch_norm_legit_functional", 1},
+};
+
 std::unique_ptr<OpTraits> make_traits(const c10::OperatorHandle& op) {
   auto traits = std::make_unique<OpTraits>();
   const c10::FunctionSchema& schema = op.schema();
@@ -58,6 +81,11 @@ std::unique_ptr<OpTraits> make_traits(const c10::OperatorHandle& op) {
   for (const c10::Argument& arg : schema.arguments()) {
     traits->uses.push_back(use_of(arg));
     traits->generator.push_back(is_optional_generator(arg));
+  }
+  for (const NormStats& norm : kCpuNormStats) {
+    if (name.name == norm.name) {
+      traits->stats_dtype_from = norm.weight;
+    }
   }
   if (!returns_only_tensors(schema)) {
     traits->host_only = "returns a host value computed from device data";

@@ -18,6 +18,11 @@ struct OpTraits {
   // Why the op cannot be a stream task and runs on the host after the
   // stream's earlier work; null when it can be one.
   const char* host_only = nullptr;
+  // Normalization ops whose CPU kernel returns its statistics in another
+  // dtype than its Meta kernel (Note [Statistics dtypes of CPU norms]):
+  // the schema index of the argument whose dtype the statistics returns
+  // take (the weight; the input when it is undefined), or -1.
+  int stats_dtype_from = -1;
   // Per schema argument: how the op uses it, and whether it is a Generator?.
   c10::SmallVector<ArgUse, 8> uses;
   c10::SmallVector<bool, 8> generator;
