@@ -15,6 +15,8 @@ import torch
 import npusim
 from npusim.runtime import acl
 
+pytestmark = pytest.mark.asynchronous
+
 MIB = 1 << 20
 STREAM0 = r"npu:0 stream 0 \(default\)"
 

@@ -6,6 +6,7 @@ from __future__ import annotations
 
 from typing import Any
 
+import pytest
 import torch
 import torch.distributed as dist
 import torch.nn as nn
@@ -14,6 +15,8 @@ from torch.testing._internal.common_fsdp import patch_all_gather, patch_reduce_s
 
 import npusim
 from npusim.testing.ranks import run_ranks
+
+pytestmark = pytest.mark.asynchronous
 
 DIM, LINEARS, COMPUTE_MS, COMM_MS = 4, 3, 30, 30
 # CPU delays and copies on a machine shared with other work (PyTorch's test allows 2 ms on a GPU host;

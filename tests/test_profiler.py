@@ -34,6 +34,7 @@ def _trace(prof: Any, tmp_path: Path) -> list[dict[str, Any]]:
     return json.loads((tmp_path / "trace.json").read_text())["traceEvents"]
 
 
+@pytest.mark.asynchronous
 def test_device_tasks_are_device_activities_on_their_streams_with_modelled_duration():
     """A _foreach_copy_ chunk and a side-stream copy are PrivateUse1 events of their stream (device 0),
     lasting at least the timing model's 20 ms, ending after the host call that launched them returned."""
@@ -98,6 +99,7 @@ def test_chrome_trace_has_a_row_per_stream(tmp_path: Path):
     assert float(chunk["args"]["modelled us"]) == 1_000 and chunk["dur"] >= 1_000
 
 
+@pytest.mark.asynchronous
 @pytest.mark.parametrize("preset", ["training_soc", "inference_soc"])
 def test_sleep_is_a_device_activity_of_cycles_at_the_chip_clock(preset: str):
     """torch.npu._sleep(cycles) returns at once and is a device activity of the current stream lasting
