@@ -285,4 +285,6 @@ def test_cache_stays_bounded_when_sizes_keep_changing(clean_npu):
     torch.npu.empty_cache()
     torch.npu.reset_peak_memory_stats()
     conv2d_threads(512, 200, threads=2, trials=1, device=DEVICE)
-    assert stat("reserved_bytes.all.peak") <= 48 * MIB
+    # each stream's host runs ahead of the other stream: its deferred frees are bounded (Note [Bounded deferred
+    # frees]; without the bound, 210 MiB here and growing with the calls)
+    assert stat("reserved_bytes.all.peak") <= 96 * MIB

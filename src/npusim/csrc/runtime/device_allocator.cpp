@@ -29,7 +29,9 @@ namespace npusim {
 // record_stream a silent data race, so it is never relied on. The one
 // relaxation is CUDA's: work left only on the stream the block was allocated
 // for is ordered before anything the block's next owner enqueues there (and
-// a block is only ever reused on that stream, Note [Caching allocator]), so
+// a block is only ever reused on that stream, Note [Caching allocator];
+// allocations are made by host threads at a launch, a stream worker
+// allocates nothing from this allocator: Note [Compute on the stream]), so
 // such a free returns the block to its pool at once; the stream's task count
 // at the free is kept with the block, and its memory goes back to the host
 // only once the stream has passed it. `allocated` drops at once, as on CUDA;

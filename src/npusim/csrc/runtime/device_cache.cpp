@@ -505,6 +505,9 @@ Block* DeviceCache::malloc_locked(size_t nbytes, c10::StreamId stream, std::uniq
   if (Block* b = get_free_block_locked(pool, stream, size)) {
     return hand_out_locked(pool, b, size, nbytes);
   }
+  if (Block* b = wait_for_deferred_frees_locked(pool, stream, size, lock)) {
+    return hand_out_locked(pool, b, size, nbytes);
+  }
   const size_t alloc_size = allocation_size(size);
   std::string why;
   garbage_collect_locked();
@@ -528,6 +531,66 @@ Block* DeviceCache::malloc_locked(size_t nbytes, c10::StreamId stream, std::uniq
     raise_oom_locked(nbytes, alloc_size, why);
   }
   return hand_out_locked(*b->pool, b, size, nbytes);
+}
+
+// Note [Bounded deferred frees]
+// A free deferred by other streams' work (Note [Stream-ordered free]) keeps
+// its block out of the cache until that work is done. With compute on the
+// streams, a host thread launching ops on one stream while another stream is
+// busy runs ahead of both, and every block it frees is deferred: the cache
+// would map a segment per step until the host stops (PyTorch's conv2d from
+// two threads, each on its own stream, reserved 200 MiB for 3 MiB allocated
+// in 200 steps, growing with the steps). CUDA's host is held back by its
+// launch queue; npusim's is held back by its memory instead: when a request
+// finds no free block while the deferred frees hold at least
+// kDeferredFreeFloor and more than the device has allocated, the allocation
+// waits for the oldest deferred frees' fences (the work that was pending when
+// they were freed, already enqueued, so the wait needs no host action) and
+// takes a block that became free, before mapping a new segment. Each wait is
+// bounded (kDeferredFreeWait): a stream stuck behind work that needs this
+// host (a collective whose peer waits on it) makes the allocation map a
+// segment as before rather than deadlock. A stream worker never waits.
+
+namespace {
+
+constexpr int64_t kDeferredFreeFloor = 20 << 20;
+constexpr auto kDeferredFreeWait = std::chrono::milliseconds(500);
+
+// Whether every fence passed before `deadline` (polling: fences are bare counters).
+bool wait_for_fences(const std::vector<Fence>& fences, std::chrono::steady_clock::time_point deadline) {
+  for (const Fence& f : fences) {
+    while (!fence_passed(f)) {
+      if (std::chrono::steady_clock::now() >= deadline) {
+        return false;
+      }
+      std::this_thread::sleep_for(std::chrono::microseconds(50));
+    }
+  }
+  return true;
+}
+
+}  // namespace
+
+Block* DeviceCache::wait_for_deferred_frees_locked(BlockPool& pool, c10::StreamId stream, size_t size,
+    std::unique_lock<std::mutex>& lock) {
+  if (on_stream_worker()) {
+    return nullptr;
+  }
+  while (!pending_.empty() && pending_bytes_ >= kDeferredFreeFloor &&
+      pending_bytes_ > stats.allocated_bytes[0].current) {
+    const std::vector<Fence> fences = pending_.front().fences;
+    lock.unlock();
+    const bool passed = wait_for_fences(fences, std::chrono::steady_clock::now() + kDeferredFreeWait);
+    lock.lock();
+    reclaim_locked();
+    if (Block* b = get_free_block_locked(pool, stream, size)) {
+      return b;
+    }
+    if (!passed) {
+      return nullptr;
+    }
+  }
+  return nullptr;
 }
 
 Block* DeviceCache::adopt_locked(c10::DataPtr&& cpu, size_t nbytes, c10::StreamId stream,
@@ -643,6 +706,7 @@ void DeviceCache::free_locked(Block* b, std::vector<Fence> fences) {
   }
   b->pending = true;
   pending_.push_back(PendingFree{b, std::move(fences)});
+  pending_bytes_ += static_cast<int64_t>(b->size);
   g_pending_frees.fetch_add(1);
 }
 
@@ -721,6 +785,7 @@ int64_t DeviceCache::reclaim_locked() {
     it->block->pending = false;
     return_to_pool_locked(it->block);
   }
+  pending_bytes_ -= moved;
   g_pending_frees.fetch_sub(static_cast<size_t>(std::distance(passed, pending_.end())));
   pending_.erase(passed, pending_.end());
   return moved;

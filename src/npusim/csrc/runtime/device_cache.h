@@ -205,6 +205,11 @@ class DeviceCache {
   Block* get_free_block_locked(BlockPool& pool, c10::StreamId stream, size_t size);
   Block* map_segment_locked(BlockPool& pool, c10::StreamId stream, size_t size, bool retry, std::string* why);
   Block* from_use_on_oom_pools_locked(c10::StreamId stream, size_t size);
+  // Note [Bounded deferred frees]: waits for the oldest deferred frees while
+  // they hold more than the device has allocated; a block for the request
+  // that became free, or null.
+  Block* wait_for_deferred_frees_locked(BlockPool& pool, c10::StreamId stream, size_t size,
+      std::unique_lock<std::mutex>& lock);
   bool release_available_cached_blocks_locked(BlockPool& pool, c10::StreamId stream, size_t size);
   void release_cached_blocks_locked(bool private_pools_too);
   void release_pool_blocks_locked(BlockPool& pool);
@@ -225,7 +230,8 @@ class DeviceCache {
 
   BlockPool small_{true, nullptr};
   BlockPool large_{false, nullptr};
-  std::vector<PendingFree> pending_;
+  std::vector<PendingFree> pending_;  // in the order of the frees
+  int64_t pending_bytes_ = 0;
   ska::flat_hash_map<const void*, Block*> allocated_;  // every allocated block by address
   std::map<c10::MempoolId_t, std::unique_ptr<PrivatePool>> private_pools_;
   std::vector<AllocationScope> scopes_;  // innermost last
