@@ -73,7 +73,8 @@ FRAMEWORK_PROVIDED: dict[str, str] = {
     "torch_npu._C._npu_sleep": "torch.npu._sleep",
     "torch_npu._inductor": "imports dynamo and inductor, so npusim's inductor backend is registered "
                            "(torchtitan-npu's compile path)",
-    "torch_npu.contrib.transfer_to_npu": "torch.cuda names torch.npu (MindSpeed's megatron adaptor)",
+    "torch_npu.contrib.transfer_to_npu": "CUDA-written code on the npu: cuda devices, torch.cuda's names, nccl "
+                                         "as hccl (MindSpeed's megatron adaptor, CUDA scripts)",
     "torch_npu.testing.testcase.TestCase": "torch_npu's test case (op-plugin's and torch_npu's test files)",
     "torch_npu.testing.testcase.run_tests": "unittest.main",
     "torch_npu.testing.common_utils.SupportedDevices": "skips unless the simulated SoC is listed",
