@@ -45,6 +45,7 @@ def test_cuda_script_runs_on_npu_equal_to_cpu():
     """cuda devices, .cuda(), cuda:1, synchronize, GradScaler, both autocasts and torch.compile: npu equals CPU."""
     (out,) = _run([sys.executable, "-m", "npusim", "run", str(SCRIPT), "--case", "single"], 240)
     assert out["cuda_1"] == "npu:1" and out["is_cuda"] and out["param_device"] == "npu:0"
+    assert [out["in_context"], out["generator"], out["loaded"]] == ["npu:1", "npu:0", "npu:1"] and out["loaded_equal"]
     assert out["device"] == "cuda"  # the device object is as written; what it makes lives on the npu
     assert out["available"] and out["count"] == 8 and out["current"] == 0 and out["name"] == "Ascend910B2"
     _close(out["losses"], out["reference_losses"])

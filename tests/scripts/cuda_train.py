@@ -2,7 +2,8 @@
 
 Nothing below names the npu: after the two torch_npu imports it is a plain CUDA script.
 Single process (``--case single``): ``torch.device("cuda")``, ``.cuda()``, ``device="cuda:1"``,
-``torch.cuda.synchronize()``, ``torch.cuda.amp.autocast`` / ``torch.amp.autocast("cuda")``,
+``torch.cuda.synchronize()``, ``with torch.device("cuda:1")``, a "cuda" generator, ``torch.load``'s
+``map_location="cuda:1"``, ``torch.cuda.amp.autocast`` / ``torch.amp.autocast("cuda")``,
 ``torch.cuda.amp.GradScaler`` and ``torch.compile`` of a module moved to "cuda"; each result is
 computed again on CPU. Under torchrun (``--case ddp``): DDP over "nccl" with
 ``device_ids=[local_rank]``, each rank training on its half of every batch, against the same
@@ -11,6 +12,7 @@ steps on the whole batch on CPU. Prints one line ``RESULT {json}`` per process.
 
 import argparse
 import copy
+import io
 import json
 import os
 import sys
@@ -63,6 +65,15 @@ def single() -> dict:
     }
     torch.cuda.synchronize()
     torch.cuda.synchronize("cuda:1")
+    with torch.device("cuda:1"):
+        in_context = torch.zeros(2)
+    generator = torch.Generator(device="cuda").manual_seed(0)
+    buffer = io.BytesIO()
+    torch.save(on_one.cpu(), buffer)
+    buffer.seek(0)
+    loaded = torch.load(buffer, map_location="cuda:1")
+    result.update(in_context=str(in_context.device), generator=str(generator.device), loaded=str(loaded.device),
+                  loaded_equal=torch.equal(loaded.cpu(), on_one.cpu()))
 
     # Eager SGD with torch.cuda.amp.GradScaler (its power-of-two scale unscales exactly).
     optimizer = torch.optim.SGD(model.parameters(), lr=0.1)
