@@ -36,7 +36,8 @@ transfer_to_npu.py`` and its tests):
 - the rest: ``torch.profiler.profile(activities=[..., CUDA])`` records the npu
   (``ProfilerActivity.PrivateUse1``), ``torch.jit.script`` returns what it is given
   (warning once, as torch_npu's; the code then runs in Python, devices mapped),
-  ``has_triton()`` is False, ``torch._utils._get_available_device_type()`` is "npu",
+  ``has_triton()`` is False, inductor keys its caches as without a GPU (``compiler.py``),
+  ``torch._utils._get_available_device_type()`` is "npu",
   and the framework functions of ``libraries.CUDA_CHECKS`` see PyTorch's own
   ``torch.cuda.is_available``.
 
