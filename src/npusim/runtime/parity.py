@@ -70,7 +70,8 @@ FRAMEWORK_PROVIDED: dict[str, str] = {
     "torch_npu._C._npu_sleep": "torch.npu._sleep",
     "torch_npu._inductor": "imports dynamo and inductor, so npusim's inductor backend is registered "
                            "(torchtitan-npu's compile path)",
-    "torch_npu.contrib.transfer_to_npu": "torch.cuda names torch.npu (MindSpeed's megatron adaptor)",
+    "torch_npu.contrib.transfer_to_npu": "CUDA-written code on the npu: cuda devices, torch.cuda's names, nccl "
+                                         "as hccl (MindSpeed's megatron adaptor, CUDA scripts)",
     "torch_npu.npu_fusion_attention": "op-plugin's fused attention, npusim.ops.fused (transformers' NPU flash "
                                       "attention, torchtitan-npu, MindSpeed)",
     "torch_npu.npu_rms_norm": "op-plugin's RMSNorm, npusim.ops.fused (torchtitan-npu's converter, MindSpeed)",
