@@ -3,10 +3,14 @@ profile, no timing model and no memory cap, and leaves no device work behind."""
 
 from __future__ import annotations
 
+import gc
+from collections.abc import Iterator
+
 import pytest
 import torch
 
 import npusim
+from _allocator_util import DEVICE
 from npusim import config as npusim_config
 
 
@@ -36,3 +40,20 @@ def clean_device_state():
     torch.npu.set_device(0)
     npusim.set_profile()
     npusim.timing.set()
+
+
+@pytest.fixture
+def clean_npu() -> Iterator[int]:
+    """The caching-allocator tests' device (npu:7), current, with no segment reserved and fresh statistics:
+    what CUDA's allocator starts from in a fresh process."""
+    gc.collect()  # earlier tests' tracebacks hold npu tensors in reference cycles
+    torch.npu.synchronize()
+    torch.npu.empty_cache()
+    assert torch.npu.memory_stats(DEVICE)["segment.all.current"] == 0, "a tensor of an earlier test lives on npu:7"
+    torch.npu.reset_peak_memory_stats(DEVICE)
+    torch.npu.reset_accumulated_memory_stats(DEVICE)
+    with torch.npu.device(DEVICE):
+        yield DEVICE
+    gc.collect()
+    torch.npu.synchronize()
+    torch.npu.empty_cache()

@@ -179,15 +179,15 @@ def test_honours_input_device_not_current_device():
 def test_out_of_memory_in_compiled_region_is_the_npu_error():
     """A compiled region's allocation over the device's capacity raises torch.OutOfMemoryError naming
     the npu, and the process goes on."""
-    x = torch.zeros(MIB, device="npu")
+    x = torch.zeros(3 * MIB, device="npu")  # 12 MiB: from 10 MiB on, each block is a segment of its own
     _compiled_pointwise(x)  # compiled outside the cap
     torch.npu.synchronize()
     torch.npu.empty_cache()  # the first output's cached block would serve the next one
-    torch.npu.set_memory_capacity(torch.npu.memory_reserved() + MIB)  # less than the 4 MiB output
+    torch.npu.set_memory_capacity(torch.npu.memory_reserved() + MIB)  # less than the 12 MiB output
     with pytest.raises(torch.OutOfMemoryError, match="npu"):
         _compiled_pointwise(x)
     torch.npu.set_memory_capacity(None)
-    assert torch.equal(_compiled_pointwise(x).cpu(), torch.ones(MIB))
+    assert torch.equal(_compiled_pointwise(x).cpu(), torch.ones(3 * MIB))
 
 
 def test_waits_on_the_current_stream_of_the_call():

@@ -21,7 +21,13 @@ def _npu_slot(op: str) -> str:
 
 
 def _segment(address: int) -> dict:
-    return {s["address"]: s for s in torch.npu.memory_snapshot()}[address]
+    """The snapshot segment holding ``address``."""
+    return next(s for s in torch.npu.memory_snapshot()
+                if s["device"] == 0 and s["address"] <= address < s["address"] + s["total_size"])
+
+
+def _block(address: int) -> dict:
+    return next(b for b in _segment(address)["blocks"] if b["address"] == address)
 
 
 def test_functional_and_inplace_variants_route_to_the_fallback():
@@ -57,7 +63,7 @@ def test_functional_output_comes_from_the_caching_allocator():
     c = a + b
     assert torch.npu.memory_allocated() == before + 512  # 256 bytes rounded up, as CUDA's allocator does
     segment = _segment(c.data_ptr())
-    assert not segment["adopted"] and segment["blocks"][0]["state"] == "active_allocated"
+    assert not segment["adopted"] and _block(c.data_ptr())["state"] == "active_allocated"
     assert segment["stream"] == torch.npu.current_stream().stream_id
     address, reserved = c.data_ptr(), torch.npu.memory_reserved()
     del c
@@ -81,7 +87,7 @@ def test_output_on_a_side_stream_is_allocated_on_it():
 
 def test_out_of_memory_inside_the_cpu_kernel_names_the_npu():
     """An output the CPU kernel cannot get raises the npu's OutOfMemoryError; the device carries on."""
-    a = torch.ones(1 << 20, device="npu")  # 4 MiB
+    a = torch.ones(3 << 20, device="npu")  # 12 MiB: the output needs a segment of its own
     torch.npu.synchronize()
     torch.npu.empty_cache()
     torch.npu.set_memory_capacity(torch.npu.memory_reserved() + (1 << 20))
@@ -90,7 +96,7 @@ def test_out_of_memory_inside_the_cpu_kernel_names_the_npu():
         a + 1
     assert torch.npu.memory_allocated() == allocated
     torch.npu.set_memory_capacity(None)
-    assert (a + 1).sum().item() == 2 * (1 << 20)
+    assert (a + 1).sum().item() == 2 * (3 << 20)
 
 
 @pytest.mark.parametrize(("call", "op"), [

@@ -82,8 +82,9 @@ def test_format_cast_in_place_relabels_every_view():
     assert ops.get_npu_format(weight) == 2
 
 
-def test_a_recorded_format_dies_with_its_storage():
-    """A freed storage's format is forgotten: new memory at the same address starts at the base format."""
+def test_a_recorded_format_dies_with_its_storage(clean_npu):
+    """A freed storage's format is forgotten: new memory at the same address starts at the base format (on a device
+    with an empty cache, so that best fit hands the freed block out again rather than an older hole)."""
     x = ops.npu_format_cast(torch.ones(64, 64, device="npu"), Format.FRACTAL_NZ)
     address = x.data_ptr()
     del x

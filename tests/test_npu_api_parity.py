@@ -151,6 +151,16 @@ def _fraction(m: ModuleType) -> None:
     _raises(RuntimeError, lambda: m.get_per_process_memory_fraction(BAD))
 
 
+def _mem_pool(m: ModuleType) -> None:
+    pool = m.MemPool()
+    assert pool.use_count() == 1 and isinstance(pool.id, tuple)
+    with m.use_mem_pool(pool):
+        t = torch.empty(1024, device="npu")
+        assert pool.use_count() == 2
+    assert [s["segment_pool_id"] for s in pool.snapshot()] == [pool.id] and t.numel() == 1024
+    _raises(RuntimeError, lambda: m.use_mem_pool(pool, BAD).__enter__())
+
+
 def _caching_allocator(m: ModuleType) -> None:
     before = m.memory_allocated(1)
     ptr = m.caching_allocator_alloc(4096, device=1)
@@ -319,6 +329,8 @@ CHECKS: dict[str, Callable[[ModuleType], None]] = {
     "reset_max_memory_cached": _none_call("reset_max_memory_cached", 0, warns=True),
     "set_per_process_memory_fraction": _fraction,
     "get_per_process_memory_fraction": _fraction,
+    "MemPool": _mem_pool,
+    "use_mem_pool": _mem_pool,
     "caching_allocator_alloc": _caching_allocator,
     "caching_allocator_delete": _caching_allocator,
     "get_allocator_backend": lambda m: (m.get_allocator_backend() == "native" or None),
@@ -353,7 +365,7 @@ def test_every_shared_name_is_classified_once():
     assert sum(len(g) for g in groups) == len(set().union(*groups)), "a name is in two groups"
     assert set().union(*groups) == set(SHARED_WITH_CUDA)
     assert all(len(reason) > 20 for reason in NOT_APPLICABLE.values())
-    assert (len(CHECKS), len(NOT_APPLICABLE), len(SHARED_WITH_CUDA)) == (84, 8, 92)
+    assert (len(CHECKS), len(NOT_APPLICABLE), len(SHARED_WITH_CUDA)) == (86, 6, 92)
 
 
 @pytest.mark.parametrize("name", SHARED_WITH_CUDA)

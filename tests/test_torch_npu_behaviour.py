@@ -128,16 +128,22 @@ def test_submodules_import_as_torch_npu_packages_do():
 
 
 def test_small_memory_and_arch_calls():
-    """host_empty_cache keeps live pinned memory; _set_allocator_settings takes only expandable_segments."""
+    """host_empty_cache keeps live pinned memory; _set_allocator_settings takes torch_npu's run-time keys only,
+    with its value rules (test_allocator_settings.py has the rest)."""
     pinned = torch.ones(1024).pin_memory()
     live = torch.npu.host_memory_stats()["num_host_alloc"]
     torch.npu.host_empty_cache()
     assert pinned.is_pinned() and torch.npu.host_memory_stats()["num_host_alloc"] == live
-    torch.npu.memory._set_allocator_settings("expandable_segments:True")
-    with pytest.raises(RuntimeError, match="accepts only 'expandable_segments:True'"):
-        torch.npu.memory._set_allocator_settings("max_split_size_mb:64")
-    with pytest.raises(ConfigError, match="expandable_segments: expected a boolean"):
-        torch.npu.memory._set_allocator_settings("expandable_segments:maybe")
+    try:
+        torch.npu.memory._set_allocator_settings("expandable_segments:True")
+        with pytest.raises(ConfigError, match="cannot be enabled with expandable_segments"):
+            torch.npu.memory._set_allocator_settings("max_split_size_mb:64")
+        with pytest.raises(ConfigError, match="unsupported setting 'garbage_collection_threshold'"):
+            torch.npu.memory._set_allocator_settings("garbage_collection_threshold:0.5")
+        with pytest.raises(ConfigError, match="expandable_segments: expected True or False"):
+            torch.npu.memory._set_allocator_settings("expandable_segments:maybe")
+    finally:
+        torch.npu.memory._set_allocator_settings("expandable_segments:False")
     assert torch.npu.get_arch_list() == ["Ascend910B2"]
     calls = []
     torch.npu._lazy_call(lambda: calls.append(1))

@@ -60,9 +60,12 @@ def apply_settings() -> None:
     physical = config.device_count(acl.DEFAULT_DEVICE_COUNT, acl.MAX_DEVICES)
     acl.set_device_count(len(config.visible_devices(physical)))
     acl.set_launch_blocking(config.launch_blocking())
-    conf = config.alloc_conf()
-    acl.set_allocator_settings(-1 if conf.max_split_size is None else conf.max_split_size,
-                               conf.garbage_collection_threshold, conf.roundup_power2_divisions)
+    margin = config.host_memory_margin()
+    acl.set_host_memory_margin(-1 if margin is None else margin)
+    # PYTORCH_NPU_ALLOC_CONF is read when the allocator initialises, not now (Note [Allocator settings]).
+    from npusim.runtime import memory
+
+    acl.set_allocator_settings_reader(memory._read_alloc_conf)
 
 
 # Note [One owner of the npu device]

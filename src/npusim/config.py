@@ -1,6 +1,6 @@
 """Every environment variable npusim reads, parsed in one place: the
-``NPUSIM_*`` ones and the two of torch_npu it honours
-(``ASCEND_RT_VISIBLE_DEVICES``, ``PYTORCH_NPU_ALLOC_CONF``).
+``NPUSIM_*`` ones and those of torch_npu it honours
+(``ASCEND_RT_VISIBLE_DEVICES``, ``PYTORCH_NPU_ALLOC_CONF`` or ``PYTORCH_ALLOC_CONF``).
 
 Each variable has one typed accessor at the end of this module (``device_count``,
 ``alloc_conf``, ...), which every caller uses: no other module reads or bounds an
@@ -16,7 +16,6 @@ This module imports nothing of npusim or torch: it sits below every layer.
 
 from __future__ import annotations
 
-import functools
 import os
 import re
 from collections.abc import Callable, Mapping
@@ -40,6 +39,8 @@ VARIABLES: dict[str, Variable] = {v.name: v for v in (
     Variable("ASCEND_RT_VISIBLE_DEVICES", "", "torch_npu's device filter: ascending device ids, e.g. 0,1"),
     Variable("TORCH_NPU_DEVICE_CAPABILITY", "", "what torch.npu.get_device_capability reports, e.g. 8.0"),
     Variable("PYTORCH_NPU_ALLOC_CONF", "", "caching allocator settings, e.g. max_split_size_mb:128"),
+    Variable("PYTORCH_ALLOC_CONF", "", "PyTorch's name for the same settings (torch_npu reads either, not both)"),
+    Variable("NPUSIM_HOST_MEMORY_MARGIN", "", "host memory the allocator leaves free, e.g. 1GiB; 0: no check"),
     Variable("NPUSIM_MEMORY_CAPACITY", "", "per-device capacity such as 512MiB (default: the profile's HBM size)"),
     Variable("NPUSIM_PROFILE", "training_soc", "capability preset"),
     Variable("NPUSIM_PROFILE_OVERRIDES", "", "per-flag profile overrides, e.g. nd_out=0,batch=1"),
@@ -130,7 +131,8 @@ def parse_settings(text: str, name: str, readers: Mapping[str, Callable[[str, st
     ``readers``, whose reader turns the value's text into a setting (it is given
     ``"NAME key"`` for errors), and may appear once."""
     settings: dict[str, T] = {}
-    for item in filter(None, (part.strip() for part in text.split(","))):
+    # A comma inside brackets belongs to a list value (roundup_power2_divisions:[64:8,>:1]).
+    for item in filter(None, (part.strip() for part in re.split(r",(?![^\[]*\])", text))):
         key, sep, value = item.partition(assign)
         key = key.strip()
         if not sep or key not in readers:
@@ -165,52 +167,190 @@ def parse_visible_devices(text: str | None, physical: int) -> list[int]:
 
 
 class AllocConf(NamedTuple):
-    """``PYTORCH_NPU_ALLOC_CONF``; see Note [Caching allocator] in csrc/memory.cpp."""
+    """``PYTORCH_NPU_ALLOC_CONF`` as the caching allocator holds it (see Note [Caching allocator] in
+    ``csrc/runtime/device_allocator.cpp`` and Note [Allocator settings] below)."""
 
-    max_split_size: int | None = None  # bytes; None: no limit
-    garbage_collection_threshold: float = 0.0
-    roundup_power2_divisions: int = 0
-    expandable_segments: bool = False  # accepted; every block is its own host allocation
+    max_split_size: int | None = None  # bytes; None: every block may be split
+    max_non_split_rounding: int | None = None  # bytes; None: the large segment size
+    garbage_collection_threshold: float = 0.0  # 0: off
+    # Divisions per power-of-two interval of request sizes, from [1, 2) MiB up to >= 32 GiB; 0 or 1: off.
+    roundup_power2_divisions: tuple[int, ...] = (0,) * 16
+    large_segment_size: int = 20 << 20  # the segments requests between 1 and 10 MiB are carved from
+    per_process_memory_fraction: float | None = None  # None: leave each device's fraction alone
+    expandable_segments: bool = False  # accepted: segments are host allocations that never grow in place
+    # The keys accepted without effect on host memory, as given (Note [Allocator settings]).
+    without_effect: tuple[tuple[str, str], ...] = ()
 
 
-# torch_npu keys that have no meaning for host memory: accepted so that scripts run, no effect.
-ALLOC_CONF_IGNORED = ("base_addr_aligned_kb", "page_size", "pinned_mem_register", "segment_size_mb")
+# Note [Allocator settings]
+# npusim accepts every key torch_npu's NPUAllocatorConfig accepts, with its value rules: the
+# keys of PyTorch's AcceleratorAllocatorConfig that torch_npu supports and torch_npu's own. It
+# reads the variable (or PYTORCH_ALLOC_CONF; both set is an error, as in torch_npu) when the
+# allocator initialises, i.e. at the first allocation or allocator call of the process, not at
+# import; torch.npu.memory._set_allocator_settings re-parses the keys torch_npu allows there at
+# run time (the three keys PyTorch resets on every parse, max_split_size_mb,
+# garbage_collection_threshold and roundup_power2_divisions, go back to their defaults unless
+# given). Honoured: max_split_size_mb, max_non_split_rounding_mb, garbage_collection_threshold,
+# roundup_power2_divisions, large_segment_size_mb, per_process_memory_fraction (every device's
+# fraction, as set_per_process_memory_fraction). throw_on_npumalloc_oom is what npusim always
+# does, whatever its value: an allocation over the device's share raises before any host memory
+# is taken. Accepted without effect because they mean nothing for host memory: expandable_segments (a
+# segment is one host allocation and does not grow in place), segment_size_mb (the expandable
+# segments' size), page_size (NPU 1 GiB pages), base_addr_aligned_kb (the NPU's address
+# alignment), multi_stream_lazy_reclaim (npusim releases cross-stream frees at every
+# allocation at the cost of one load), release_lock_on_npumalloc (a host mmap is not worth
+# dropping the lock for), and the pinned-memory keys (pinned_use_background_threads,
+# pinned_max_round_threshold_mb, pinned_max_cached_size_mb, pin_memory_expandable_segments,
+# pinned_mem_register, pinned_reserve_segment_size_mb): npusim's pinned host memory is not cached.
+
+ALLOC_CONF_WITHOUT_EFFECT = (
+    "throw_on_npumalloc_oom", "segment_size_mb", "page_size", "base_addr_aligned_kb", "multi_stream_lazy_reclaim",
+    "release_lock_on_npumalloc", "pinned_use_background_threads", "pinned_max_round_threshold_mb",
+    "pinned_max_cached_size_mb", "pin_memory_expandable_segments", "pinned_mem_register",
+    "pinned_reserve_segment_size_mb",
+)
+# What torch_npu's torch.npu.memory._set_allocator_settings accepts.
+ALLOC_CONF_RUNTIME_KEYS = frozenset((
+    "expandable_segments", "max_split_size_mb", "max_non_split_rounding_mb", "release_lock_on_npumalloc",
+    "throw_on_npumalloc_oom", "per_process_memory_fraction", "pinned_max_round_threshold_mb",
+    "pinned_max_cached_size_mb",
+))
+_MIB = 1 << 20
+_DIVISION_INTERVALS = 16  # [1, 2) MiB, [2, 4) MiB, ..., >= 32 GiB
 
 
-def parse_alloc_conf(text: str) -> AllocConf:
-    """Parses ``"max_split_size_mb:128,garbage_collection_threshold:0.6"``."""
-    name = "PYTORCH_NPU_ALLOC_CONF"
+def _true_false(value: str, label: str) -> bool:
+    """torch_npu's booleans: exactly ``True`` or ``False``."""
+    if value.strip() not in ("True", "False"):
+        raise fail(label, "True or False", value)
+    return value.strip() == "True"
 
-    def megabytes(value: str, label: str) -> int:
-        mb = parse_int(value, label, 20, 1 << 30)  # CUDA's minimum split size is 20 MB
-        return mb << 20
 
-    def threshold(value: str, label: str) -> float:
-        fraction = parse_float(value, label, 0.0)
-        if not 0.0 < fraction < 1.0:
-            raise fail(label, "a number in (0, 1)", value)
-        return fraction
+def _size_t(value: str, label: str) -> int:
+    if not value.strip().isdigit():
+        raise fail(label, "a non-negative integer", value)
+    return int(value)
 
-    def divisions(value: str, label: str) -> int:
-        count = parse_int(value, label, 1, 64)
-        if count & (count - 1):
-            raise fail(label, "a power of two in [1, 64]", value)
+
+def _divisions(value: str, label: str) -> tuple[int, ...]:
+    """``4`` (every interval) or ``[64:8,256:4,>:1]`` (interval boundaries in MiB: divisions)."""
+    def power_of_two(text: str, zero: bool) -> int:
+        count = _size_t(text, label)
+        if count & (count - 1) or (count == 0 and not zero):
+            raise fail(label, "powers of two (0 turns an interval off)" if zero else "a power of two", value)
         return count
 
-    readers: dict[str, Callable[[str, str], object]] = {
-        "max_split_size_mb": megabytes,
-        "garbage_collection_threshold": threshold,
-        "roundup_power2_divisions": divisions,
-        "expandable_segments": parse_bool,
-    }
-    readers.update({key: (lambda value, label: value) for key in ALLOC_CONF_IGNORED})
-    settings = parse_settings(text, name, readers, assign=":")
-    return AllocConf(
-        max_split_size=settings.get("max_split_size_mb"),  # type: ignore[arg-type]
-        garbage_collection_threshold=settings.get("garbage_collection_threshold", 0.0),  # type: ignore[arg-type]
-        roundup_power2_divisions=settings.get("roundup_power2_divisions", 0),  # type: ignore[arg-type]
-        expandable_segments=settings.get("expandable_segments", False),  # type: ignore[arg-type]
-    )
+    text = value.strip()
+    if not text.startswith("["):
+        return (power_of_two(text, zero=False),) * _DIVISION_INTERVALS
+    if not text.endswith("]"):
+        raise fail(label, "a list such as [64:8,256:4,>:1]", value)
+    divisions = [0] * _DIVISION_INTERVALS
+    first, last = True, 0
+    for entry in filter(None, (part.strip() for part in text[1:-1].split(","))):
+        boundary, sep, count_text = entry.partition(":")
+        if not sep:
+            raise fail(label, "boundary:divisions entries such as 64:8", value)
+        count = power_of_two(count_text, zero=True)
+        if boundary.strip() == ">":  # every interval above the last boundary
+            divisions[last + 1:] = [count] * (_DIVISION_INTERVALS - last - 1)
+            continue
+        index = min(power_of_two(boundary, zero=False).bit_length() - 1, _DIVISION_INTERVALS - 1)
+        if first:  # the first boundary also covers every interval below it
+            divisions[:index] = [count] * index
+            first = False
+        divisions[index], last = count, index
+    return tuple(divisions)
+
+
+def _ranged_int(low: int, high: int) -> Callable[[str, str], int]:
+    def read(value: str, label: str) -> int:
+        number = _size_t(value, label)
+        if not low <= number <= high:
+            raise fail(label, f"an integer in [{low}, {high}]", value)
+        return number
+    return read
+
+
+def _fraction(low_open: bool) -> Callable[[str, str], float]:
+    def read(value: str, label: str) -> float:
+        number = parse_float(value, label)
+        if not (0.0 < number < 1.0 if low_open else 0.0 <= number <= 1.0):
+            raise fail(label, "a number in (0, 1)" if low_open else "a number in [0, 1]", value)
+        return number
+    return read
+
+
+def _page_size(value: str, label: str) -> str:
+    if value.strip() != "1g":
+        raise fail(label, "1g", value)
+    return "1g"
+
+
+_ALLOC_CONF_READERS: dict[str, Callable[[str, str], object]] = {
+    "max_split_size_mb": _size_t,
+    "max_non_split_rounding_mb": _size_t,
+    "garbage_collection_threshold": _fraction(low_open=True),
+    "roundup_power2_divisions": _divisions,
+    "large_segment_size_mb": _size_t,
+    "per_process_memory_fraction": _fraction(low_open=False),
+    "expandable_segments": _true_false,
+    "throw_on_npumalloc_oom": _true_false,
+    "segment_size_mb": _ranged_int(20, 512),
+    "page_size": _page_size,
+    "base_addr_aligned_kb": _ranged_int(0, 16),
+    "multi_stream_lazy_reclaim": _true_false,
+    "release_lock_on_npumalloc": _true_false,
+    "pinned_use_background_threads": _true_false,
+    "pinned_max_round_threshold_mb": _size_t,
+    "pinned_max_cached_size_mb": _size_t,
+    "pin_memory_expandable_segments": _true_false,
+    "pinned_mem_register": _true_false,
+    "pinned_reserve_segment_size_mb": _size_t,
+}
+
+
+def parse_alloc_conf(text: str, base: AllocConf | None = None, name: str = "PYTORCH_NPU_ALLOC_CONF",
+                     allowed: frozenset[str] | None = None) -> AllocConf:
+    """Parses ``"max_split_size_mb:128,roundup_power2_divisions:[64:8,>:4]"`` with torch_npu's value rules
+    (Note [Allocator settings]). ``base``: the settings the keys change (the defaults when None;
+    max_split_size, garbage_collection_threshold and roundup_power2_divisions always start from
+    their defaults, as PyTorch's parser resets them; per_process_memory_fraction is None unless given,
+    since it is applied once). ``allowed``: the only keys accepted."""
+    settings = parse_settings(text, name, _ALLOC_CONF_READERS, assign=":")
+    if allowed is not None:
+        refused = sorted(set(settings) - allowed)
+        if refused:
+            raise ConfigError(f"{name}: unsupported setting {refused[0]!r}; accepted: {', '.join(sorted(allowed))}")
+    conf = (base or AllocConf())._replace(max_split_size=None, garbage_collection_threshold=0.0,
+                                         roundup_power2_divisions=AllocConf().roundup_power2_divisions,
+                                         per_process_memory_fraction=None)  # applied when given, then left alone
+    # The large segment size first: the two split sizes may not be below it.
+    if "large_segment_size_mb" in settings:
+        mb = settings["large_segment_size_mb"]
+        if mb <= 10:
+            raise fail(f"{name} large_segment_size_mb", "more than 10 (MiB)", str(mb))
+        conf = conf._replace(large_segment_size=mb * _MIB, max_non_split_rounding=None)
+    for key in ("max_split_size_mb", "max_non_split_rounding_mb"):
+        if key in settings:
+            mb = settings[key]
+            if mb * _MIB < conf.large_segment_size:
+                raise fail(f"{name} {key}", f"at least {conf.large_segment_size // _MIB} (MiB, the large segment "
+                           "size)", str(mb))
+            field = "max_split_size" if key == "max_split_size_mb" else "max_non_split_rounding"
+            conf = conf._replace(**{field: mb * _MIB})
+    for key, field in (("garbage_collection_threshold", "garbage_collection_threshold"),
+                       ("roundup_power2_divisions", "roundup_power2_divisions"),
+                       ("per_process_memory_fraction", "per_process_memory_fraction"),
+                       ("expandable_segments", "expandable_segments")):
+        if key in settings:
+            conf = conf._replace(**{field: settings[key]})
+    if conf.expandable_segments and (conf.max_split_size is not None or conf.garbage_collection_threshold > 0):
+        raise ConfigError(f"{name}: max_split_size_mb or garbage_collection_threshold cannot be enabled with "
+                          "expandable_segments (as in torch_npu); set expandable_segments:False")
+    kept = dict(conf.without_effect)
+    kept.update({key: str(settings[key]) for key in ALLOC_CONF_WITHOUT_EFFECT if key in settings})
+    return conf._replace(without_effect=tuple(sorted(kept.items())))
 
 
 # ---- one typed accessor per variable ----------------------------------------------
@@ -235,10 +375,20 @@ def launch_blocking() -> bool:
     return parse_bool(env("NPUSIM_LAUNCH_BLOCKING"), "NPUSIM_LAUNCH_BLOCKING")
 
 
-@functools.cache
 def alloc_conf() -> AllocConf:
-    """``PYTORCH_NPU_ALLOC_CONF``, parsed once per process (the allocator holds what it says)."""
-    return parse_alloc_conf(env("PYTORCH_NPU_ALLOC_CONF"))
+    """``PYTORCH_NPU_ALLOC_CONF`` (or ``PYTORCH_ALLOC_CONF``; not both, as in torch_npu), read now: the
+    allocator calls this when it initialises (Note [Allocator settings])."""
+    npu, common = env("PYTORCH_NPU_ALLOC_CONF"), env("PYTORCH_ALLOC_CONF")
+    if npu and common:
+        raise ConfigError("PYTORCH_NPU_ALLOC_CONF and PYTORCH_ALLOC_CONF are both set; set only one of them")
+    return parse_alloc_conf(npu or common, name="PYTORCH_NPU_ALLOC_CONF" if npu or not common else "PYTORCH_ALLOC_CONF")
+
+
+def host_memory_margin() -> int | None:
+    """``NPUSIM_HOST_MEMORY_MARGIN`` in bytes; None when unset (the core's default, Note [Host memory
+    behind the device])."""
+    text = env("NPUSIM_HOST_MEMORY_MARGIN")
+    return parse_bytes(text, "NPUSIM_HOST_MEMORY_MARGIN") if text else None
 
 
 def memory_capacity() -> int | None:

@@ -79,15 +79,47 @@ set_memory_fraction: Callable[[int, float], None] = C.set_memory_fraction
 reset_peak_memory_stats: Callable[[int], None] = C.reset_peak_memory_stats
 reset_accumulated_memory_stats: Callable[[int], None] = C.reset_accumulated_memory_stats
 empty_cache: Callable[[], None] = C.empty_cache
-# (max_split_size bytes or -1, garbage_collection_threshold or 0, roundup_power2_divisions or 0)
-set_allocator_settings: Callable[[int, float, int], None] = C.set_allocator_settings
-# What the allocator holds: max_split_size (bytes or None), garbage_collection_threshold, roundup_power2_divisions.
+# The caching allocator's settings (Note [Allocator settings], npusim/config.py): (max_split_size bytes
+# or -1, max_non_split_rounding bytes or -1 (the large segment size), large_segment_size bytes,
+# garbage_collection_threshold or 0, 16 roundup_power2_divisions, expandable_segments).
+set_allocator_settings: Callable[[int, int, int, float, Sequence[int], bool], None] = C.set_allocator_settings
+# What the allocator holds: max_split_size (bytes or None), max_non_split_rounding, large_segment_size,
+# garbage_collection_threshold, roundup_power2_divisions (16), expandable_segments.
 allocator_settings: Callable[[], dict[str, Any]] = C.allocator_settings
-# Segments as torch.cuda.memory_snapshot lists them (one block per segment).
-memory_snapshot: Callable[[], list[dict[str, Any]]] = C.memory_snapshot
+# fn() reads PYTORCH_NPU_ALLOC_CONF into the allocator; the allocator calls it when it initialises
+# (its first allocation or call), again after each time it raises.
+set_allocator_settings_reader: Callable[[Callable[[], None]], None] = C.set_allocator_settings_reader
+ensure_allocator_settings: Callable[[], None] = C.ensure_allocator_settings
+# Segments as torch.cuda.memory_snapshot lists them (each with its blocks); pool: only that private pool's.
+memory_snapshot: Callable[..., list[dict[str, Any]]] = C.memory_snapshot
 # (enabled, max_entries): the alloc / free trace of _record_memory_history.
 record_memory_history: Callable[[bool, int], None] = C.record_memory_history
 memory_trace: Callable[[int], list[dict[str, Any]]] = C.memory_trace
+
+# Private pools (CUDA's MemPool / graph pools; Note [Private pools] in csrc/runtime/private_pools.cpp).
+PoolId = tuple[int, int]
+new_mempool_id: Callable[[bool], PoolId] = C.new_mempool_id  # (user_created) -> (0, n) or (n, 0)
+# (device, id, no_split, use_on_oom)
+create_or_incref_pool: Callable[[int, PoolId, bool, bool], None] = C.create_or_incref_pool
+begin_allocate_current_thread_to_pool: Callable[[int, PoolId], None] = C.begin_allocate_current_thread_to_pool
+end_allocate_to_pool: Callable[[int, PoolId], None] = C.end_allocate_to_pool
+release_pool: Callable[[int, PoolId], None] = C.release_pool
+pool_use_count: Callable[[int, PoolId], int] = C.pool_use_count
+# The addresses of the pool's allocated blocks (graph trees' live-allocation check).
+pool_live_allocations: Callable[[int, PoolId], list[int]] = C.pool_live_allocations
+# CUDA's _cuda_getCheckpointState / _cuda_setCheckpointPoolState: (device, pool) -> PoolCheckpoint;
+# (checkpoint, stale storage pointers, storage pointers to add deleters to).
+PoolCheckpoint: Any = C.PoolCheckpoint
+checkpoint_pool: Callable[[int, PoolId], Any] = C.checkpoint_pool
+set_checkpoint_pool_state: Callable[[Any, Sequence[int], Sequence[int]], None] = C.set_checkpoint_pool_state
+# The host behind the device (Note [Host memory behind the device]): the margin the allocator leaves it
+# (-1: the default, 0: no check), a simulated host with that many bytes available (-1: the real one;
+# a test hook), the next n segment mappings failing as a refused mmap (a test hook), and the bytes of
+# segments mapped now.
+set_host_memory_margin: Callable[[int], None] = C.set_host_memory_margin
+simulate_host_memory: Callable[[int], None] = C.simulate_host_memory
+fail_host_mappings: Callable[[int], None] = C.fail_host_mappings
+mapped_segment_bytes: Callable[[], int] = C.mapped_segment_bytes
 host_memory_stats: Callable[[], dict[str, int]] = C.host_memory_stats
 
 # ---- timing model -----------------------------------------------------------

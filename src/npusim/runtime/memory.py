@@ -1,6 +1,9 @@
 """Device memory of the ``torch.npu`` module: torch.cuda's memory API over the
 caching allocator of the device core (see Note [Caching allocator] in
-``csrc/memory.cpp``).
+``csrc/runtime/device_cache.cpp``), its settings (``PYTORCH_NPU_ALLOC_CONF``, Note
+[Allocator settings] in ``npusim/config.py``) and its private pools (``MemPool``,
+``use_mem_pool``, the graph-tree checkpoints; Note [Private pools] in
+``csrc/runtime/private_pools.cpp``).
 
 The statistics are CUDA's (``allocated_bytes.all.current``, ...): the core's
 ``c10::DeviceAllocator::getDeviceStats`` fills them and
@@ -10,9 +13,11 @@ The statistics are CUDA's (``allocated_bytes.all.current``, ...): the core's
 from __future__ import annotations
 
 import collections
+import contextlib
 import pickle
 import sys
 import warnings
+from collections.abc import Iterator, Sequence
 from typing import Any
 
 import torch
@@ -22,12 +27,12 @@ from npusim.runtime import acl
 from npusim.runtime.device import _device_t, _get_device_index
 
 __all__ = [
-    "caching_allocator_alloc", "caching_allocator_delete", "empty_cache", "get_allocator_backend",
+    "MemPool", "caching_allocator_alloc", "caching_allocator_delete", "empty_cache", "get_allocator_backend",
     "get_per_process_memory_fraction", "host_empty_cache", "host_memory_stats", "host_memory_stats_as_nested_dict",
     "max_memory_allocated", "max_memory_cached", "max_memory_reserved", "mem_get_info", "memory_allocated",
     "memory_cached", "memory_reserved", "memory_snapshot", "memory_stats", "memory_stats_as_nested_dict",
     "memory_summary", "reset_accumulated_memory_stats", "reset_max_memory_allocated", "reset_max_memory_cached",
-    "reset_peak_memory_stats", "set_memory_capacity", "set_per_process_memory_fraction",
+    "reset_peak_memory_stats", "set_memory_capacity", "set_per_process_memory_fraction", "use_mem_pool",
 ]
 
 
@@ -114,17 +119,6 @@ def host_empty_cache() -> None:
     (torch_npu: releases the pinned-memory cache)."""
 
 
-def _set_allocator_settings(settings: str) -> None:
-    """torch_npu's contract: only ``"expandable_segments:True"`` / ``"...:False"`` is accepted. As in
-    ``PYTORCH_NPU_ALLOC_CONF``, the key is accepted without effect (the simulated allocator has no
-    expandable segments); any other setting raises, naming the call."""
-    key, sep, value = settings.partition(":")
-    if key.strip() != "expandable_segments" or not sep:
-        raise RuntimeError(f"torch.npu.memory._set_allocator_settings: torch_npu accepts only "
-                           f"'expandable_segments:True' or 'expandable_segments:False', got {settings!r}")
-    config.parse_bool(value, "torch.npu.memory._set_allocator_settings: expandable_segments")
-
-
 def set_memory_capacity(nbytes: int | str | None, device: _device_t = None) -> None:
     """Sets the device's total memory (None: the profile's HBM size); over it, OutOfMemoryError."""
     from npusim.runtime.profiles import get_profile
@@ -200,6 +194,117 @@ def host_memory_stats_as_nested_dict() -> dict[str, Any]:
     return nested
 
 
+# ---- settings (PYTORCH_NPU_ALLOC_CONF) -----------------------------------------
+
+_conf = config.AllocConf()  # what the allocator holds
+
+
+def _apply_alloc_conf(conf: config.AllocConf) -> None:
+    global _conf
+    acl.set_allocator_settings(-1 if conf.max_split_size is None else conf.max_split_size,
+                               -1 if conf.max_non_split_rounding is None else conf.max_non_split_rounding,
+                               conf.large_segment_size, conf.garbage_collection_threshold,
+                               list(conf.roundup_power2_divisions), conf.expandable_segments)
+    if conf.per_process_memory_fraction is not None:
+        for index in range(acl.device_count()):
+            acl.set_memory_fraction(index, conf.per_process_memory_fraction)
+    _conf = conf
+
+
+def _read_alloc_conf() -> None:
+    """Reads ``PYTORCH_NPU_ALLOC_CONF`` into the allocator; the allocator calls this when it initialises
+    (its first allocation or call), so a variable set after ``import`` is honoured."""
+    _apply_alloc_conf(config.alloc_conf())
+
+
+def _set_allocator_settings(settings: str) -> None:
+    """torch_npu's ``torch.npu.memory._set_allocator_settings``: re-parses ``settings`` now, with the keys
+    torch_npu allows there (``expandable_segments``, ``max_split_size_mb``, ``max_non_split_rounding_mb``,
+    ``per_process_memory_fraction``, ...; others raise ``ValueError``). As in torch_npu, the
+    environment's settings are read first, and ``max_split_size_mb``, ``garbage_collection_threshold``
+    and ``roundup_power2_divisions`` return to their defaults unless given."""
+    acl.ensure_allocator_settings()
+    _apply_alloc_conf(config.parse_alloc_conf(settings, base=_conf, name="torch.npu.memory._set_allocator_settings",
+                                              allowed=config.ALLOC_CONF_RUNTIME_KEYS))
+
+
+# ---- private pools (torch.cuda.MemPool, use_mem_pool, graph trees) --------------
+
+class MemPool:
+    """torch.cuda.MemPool's contract: a private pool of the caching allocator on the device current at
+    construction. Allocations made inside :func:`use_mem_pool` come from it and its freed blocks are
+    reused only by its own allocations; it lives while this object, a graph captured into it
+    (``capture_begin(pool=pool.id)``) or an open ``use_mem_pool`` holds it, and its free segments go
+    back to the host at the next ``empty_cache`` after that. ``use_on_oom``: an allocation outside
+    the pool that would fail takes a free block of the pool first. ``no_split``: its segments are
+    not split. Pluggable allocators are not simulated: ``allocator`` must be None."""
+
+    def __init__(self, allocator: object | None = None, use_on_oom: bool = False, no_split: bool = False) -> None:
+        if allocator is not None:
+            raise RuntimeError("torch.npu.MemPool: pluggable allocators are not simulated; the device core's caching "
+                               "allocator serves every pool (allocator must be None)")
+        from npusim.runtime.device import current_device
+
+        self._device = current_device()
+        self._id: acl.PoolId = acl.new_mempool_id(True)
+        acl.create_or_incref_pool(self._device, self._id, bool(no_split), bool(use_on_oom))
+
+    @property
+    def id(self) -> tuple[int, int]:
+        """The pool's id, as graphs and ``use_mem_pool`` name it."""
+        return self._id
+
+    @property
+    def allocator(self) -> None:
+        return None
+
+    def use_count(self) -> int:
+        """How many hold the pool: this object, graphs captured into it, open ``use_mem_pool`` blocks."""
+        return acl.pool_use_count(self._device, self._id)
+
+    def snapshot(self, include_traces: bool = True) -> list[dict[str, Any]]:
+        """The pool's segments, as :func:`memory_snapshot` lists them."""
+        return memory_snapshot(self._id)
+
+    def __del__(self) -> None:
+        with contextlib.suppress(Exception):  # at interpreter exit the core may be gone
+            acl.release_pool(self._device, self._id)
+
+
+@contextlib.contextmanager
+def use_mem_pool(pool: MemPool, device: _device_t = None) -> Iterator[None]:
+    """Routes the calling thread's allocations on ``device`` (default: the current one) to ``pool``, as
+    torch.cuda.use_mem_pool does (other threads, e.g. autograd's, are not routed)."""
+    index = _index(device)
+    acl.begin_allocate_current_thread_to_pool(index, pool.id)
+    try:
+        yield
+    finally:
+        acl.end_allocate_to_pool(index, pool.id)
+        acl.release_pool(index, pool.id)
+
+
+def _npu_getCheckpointState(device: int, pool: tuple[int, int]) -> Any:  # noqa: N802  (torch_npu's name)
+    """The layout of private pool ``pool`` (CUDA's ``_cuda_getCheckpointState``), for
+    :func:`_npu_setCheckpointPoolState`."""
+    return acl.checkpoint_pool(_index(device), tuple(pool))
+
+
+def _npu_setCheckpointPoolState(device: int, state: Any, stale_storages: Sequence[int],  # noqa: N802
+                                storages_to_add_deleters_to: Sequence[int]) -> None:
+    """CUDA's ``_cuda_setCheckpointPoolState``: restores the pool to ``state``; the storages (``_cdata``
+    pointers) in ``stale_storages`` whose blocks it frees lose their deleter, and those in
+    ``storages_to_add_deleters_to`` get the blocks it allocates at their addresses."""
+    if state.device != _index(device):
+        raise RuntimeError(f"_npu_setCheckpointPoolState: the state is of npu:{state.device}, not npu:{device}")
+    acl.set_checkpoint_pool_state(state, list(stale_storages), list(storages_to_add_deleters_to))
+
+
+def _npu_checkPoolLiveAllocations(device: int, pool: tuple[int, int], expected: set[int]) -> bool:  # noqa: N802
+    """CUDA's ``_cuda_checkPoolLiveAllocations``: whether the pool's allocated blocks are exactly ``expected``."""
+    return set(acl.pool_live_allocations(_index(device), tuple(pool))) == set(expected)
+
+
 # ---- snapshots and history (torch.cuda.memory._snapshot, ...) ----------------
 
 def _snapshot(device: _device_t = None) -> dict[str, Any]:
@@ -207,15 +312,17 @@ def _snapshot(device: _device_t = None) -> dict[str, Any]:
     return {
         "segments": acl.memory_snapshot(),
         "device_traces": [acl.memory_trace(index) for index in range(acl.device_count())],
-        # What the allocator holds (PYTORCH_NPU_ALLOC_CONF as parsed once), plus the keys accepted without effect.
-        "allocator_settings": {**acl.allocator_settings(),
-                               "expandable_segments": config.alloc_conf().expandable_segments},
+        # What the allocator holds, and the keys accepted without effect (Note [Allocator settings]).
+        "allocator_settings": {**acl.allocator_settings(), "without_effect": dict(_conf.without_effect)},
     }
 
 
-def memory_snapshot() -> list[dict[str, Any]]:
-    """Every segment of every device, as torch.cuda.memory_snapshot lists them."""
-    return _snapshot()["segments"]
+def memory_snapshot(mempool_id: tuple[int, int] | None = None) -> list[dict[str, Any]]:
+    """Every segment of every device (or of private pool ``mempool_id``), as torch.cuda.memory_snapshot
+    lists them, each with its blocks."""
+    if mempool_id is None:
+        return _snapshot()["segments"]
+    return acl.memory_snapshot(tuple(mempool_id))
 
 
 def _record_memory_history(enabled: str | None = "all", context: str | None = "all", stacks: str = "all",

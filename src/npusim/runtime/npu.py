@@ -60,6 +60,7 @@ from npusim.runtime.graphs import (
 from npusim.runtime.legacy_types import *  # noqa: F403  (FloatTensor, FloatStorage, ...)
 from npusim.runtime.legacy_types import __all__ as _legacy_names
 from npusim.runtime.memory import (
+    MemPool,
     _dump_snapshot,
     _record_memory_history,
     _snapshot,
@@ -88,6 +89,7 @@ from npusim.runtime.memory import (
     reset_peak_memory_stats,
     set_memory_capacity,
     set_per_process_memory_fraction,
+    use_mem_pool,
 )
 from npusim.runtime.random import (
     _default_generators,
@@ -134,10 +136,10 @@ __all__ = [
     "is_initialized", "is_jit_compile_false", "make_graphed_callables", "manual_seed", "manual_seed_all", "matmul",
     "max_memory_allocated", "max_memory_cached", "max_memory_reserved", "mem_get_info", "memory", "memory_allocated",
     "memory_cached", "memory_reserved", "memory_snapshot", "memory_stats", "memory_stats_as_nested_dict",
-    "memory_summary", "NPUGraph", "random", "reset_accumulated_memory_stats", "reset_max_memory_allocated",
+    "memory_summary", "MemPool", "NPUGraph", "random", "reset_accumulated_memory_stats", "reset_max_memory_allocated",
     "reset_max_memory_cached", "reset_peak_memory_stats", "seed", "seed_all", "set_autocast_dtype",
     "set_autocast_enabled", "set_compile_mode", "set_device", "set_memory_capacity", "set_option",
     "set_per_process_memory_fraction", "set_rng_state", "set_rng_state_all", "set_stream", "set_sync_debug_mode",
-    "Stream", "stream", "StreamContext", "streams", "synchronize", "synchronize_stream", "utilization", "utils",
-    *_legacy_names,
+    "Stream", "stream", "StreamContext", "streams", "synchronize", "synchronize_stream", "use_mem_pool", "utilization",
+    "utils", *_legacy_names,
 ]

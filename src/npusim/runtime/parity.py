@@ -32,9 +32,6 @@ SHARED_WITH_CUDA: tuple[str, ...] = (
 )
 
 NOT_APPLICABLE: dict[str, str] = {
-    "MemPool": "private memory pools (CUDA-graph pools, custom allocators) are not simulated; every "
-               "allocation comes from the device's one caching pool",
-    "use_mem_pool": "private memory pools are not simulated (see MemPool)",
     "change_current_allocator": "the device core's caching allocator is the only one; pluggable allocators "
                                 "are not simulated",
     "current_blas_handle": "there is no BLAS handle: matrix products run PyTorch's CPU kernels",
@@ -94,7 +91,7 @@ FRAMEWORK_PROVIDED: dict[str, str] = {
     "torch.npu.host_empty_cache": "nothing to release: pinned blocks are not cached",
     "torch.npu.get_arch_list": "the simulated SoC",
     "torch.npu._sleep": "a delay task on the current stream (the profile's clock_mhz)",
-    "torch.npu.memory._set_allocator_settings": "torch_npu's contract: expandable_segments only, no effect",
+    "torch.npu.memory._set_allocator_settings": "re-parses torch_npu's run-time keys (Note [Allocator settings])",
     "torch.npu.default_generators": "one Philox generator per device (DeepSpeed's accelerator)",
     "torch.npu.set_option": "stored (MindSpeed)",
 }

@@ -18,6 +18,7 @@ BENCHMARKS: dict[str, str] = {
     "graph-replay": "npusim.bench.graph_replay",  # npu graph replay host time vs eager
     "rng": "npusim.bench.rng",  # host cost per random op, npu Philox generator vs CPU generator
     "sanitizer": "npusim.bench.sanitizer",  # FSDP2 step time with the stream race sanitizer off / on
+    "allocator": "npusim.bench.allocator",  # what the caching allocator holds for varying sizes; its host cost
 }
 
 

@@ -1,6 +1,7 @@
 // What an npu graph capture holds (graph.cpp): the tasks
-// recorded from the captured stream, the private pool its allocations come
-// from, and the first forbidden call. See Note [NPU graph capture].
+// recorded from the captured stream and the first forbidden call. See Note
+// [NPU graph capture]; its allocations come from the graph's private pool
+// (Note [NPU graph memory]).
 #pragma once
 
 #include "../runtime/device_allocator.h"
@@ -22,21 +23,11 @@ struct GraphTask {
   std::string label;  // for debug_dump
 };
 
-// A graph's private memory pool (Note [NPU graph memory]): blocks of the
-// ordinary device allocator kept alive until the pool goes away.
-struct GraphPool final : PrivatePool {
-  c10::MempoolId_t id;
-  std::mutex mutex;
-  std::vector<std::shared_ptr<c10::DataPtr>> blocks;
-
-  c10::DataPtr allocate(c10::DeviceIndex device, size_t nbytes) override;
-};
-
 // A capture underway on one stream; the stream hands it its tasks.
 struct GraphCapture final : StreamCapture {
   std::mutex mutex;
   std::vector<GraphTask> tasks;
-  std::shared_ptr<GraphPool> pool;
+  c10::MempoolId_t pool{0, 0};  // the graph's private pool
   NpuStream* stream = nullptr;
   std::string invalidated;  // the first forbidden call, if any
 

@@ -46,56 +46,22 @@ namespace npusim {
 // raises).
 
 // Note [NPU graph memory]
-// Every device allocation made while the current stream is capturing comes
-// from the graph's pool: a block of the ordinary device allocator that the
-// pool keeps alive (with any tensor still using it) until the pool goes
-// away, so outputs and temporaries keep their addresses across replays and
-// replays allocate nothing. Unlike CUDA's private pools, blocks freed during
-// capture are not reused by later allocations of the same capture: it costs
-// memory, never correctness. Graphs passing the same pool id share one pool,
-// which stays alive while any of them does (make_graphed_callables relies on
-// that: the backward graph reads activations the forward graph wrote).
+// Every device allocation made on the capturing stream comes from the
+// graph's private pool (Note [Private pools], runtime/private_pools.cpp):
+// capture_begin opens the allocator's allocation scope for the pool on that
+// stream (creating the pool, or holding it when its id is shared),
+// capture_end closes the scope, reset() and the destructor let go of the
+// pool. As on CUDA, a block freed during capture goes back to the pool and
+// later allocations of the pool reuse it (later ops of the capture, later
+// captures into a shared pool), so the recorded ops keep no pool block alive:
+// the pool holds its memory while a graph holds the pool, outputs and
+// temporaries keep their addresses across replays, and replays allocate
+// nothing. Graphs passing the same pool id share one pool, which stays alive
+// while any of them does (make_graphed_callables relies on that: the
+// backward graph reads activations the forward graph wrote). A static output
+// keeps its block after its graph is reset, until the tensor dies.
 
-namespace {
-
-std::atomic<uint64_t> g_next_pool_uid{1};
-
-std::mutex& g_graph_pools_mutex = *new std::mutex();
-std::map<c10::MempoolId_t, std::weak_ptr<GraphPool>>& g_graph_pools =
-    *new std::map<c10::MempoolId_t, std::weak_ptr<GraphPool>>();
-
-std::shared_ptr<GraphPool> pool_for(c10::MempoolId_t id) {
-  std::lock_guard<std::mutex> lock(g_graph_pools_mutex);
-  if (id.first == 0 && id.second == 0) {
-    id = {g_next_pool_uid.fetch_add(1), 0};  // a graph's own pool, as CUDA numbers them
-  }
-  if (auto existing = g_graph_pools[id].lock()) {
-    return existing;
-  }
-  auto pool = std::make_shared<GraphPool>();
-  pool->id = id;
-  g_graph_pools[id] = pool;
-  return pool;
-}
-
-}  // namespace
-
-// ---- the capture and its pool --------------------------------------------------
-
-c10::DataPtr GraphPool::allocate(c10::DeviceIndex device, size_t nbytes) {
-  auto block = std::make_shared<c10::DataPtr>(allocate_device(device, nbytes));
-  void* ptr = block->get();
-  {
-    std::lock_guard<std::mutex> lock(mutex);
-    blocks.push_back(block);
-  }
-  // The tensor shares ownership: a pool dropped by reset() must not free
-  // memory that a static output still points to.
-  auto* owner = new std::shared_ptr<c10::DataPtr>(std::move(block));
-  return c10::DataPtr(ptr, owner,
-      [](void* ctx) { delete static_cast<std::shared_ptr<c10::DataPtr>*>(ctx); },
-      c10::Device(c10::DeviceType::PrivateUse1, device));
-}
+// ---- the capture ---------------------------------------------------------------
 
 void GraphCapture::append(GraphTask task) {
   std::lock_guard<std::mutex> lock(mutex);
@@ -125,7 +91,7 @@ void GraphCapture::refuse_host_wait(const NpuStream& stream, const char* op) {
 // ---- the graph --------------------------------------------------------------
 
 c10::MempoolId_t graph_pool_handle() {
-  return {0, g_next_pool_uid.fetch_add(1)};  // user handles, as CUDA numbers them
+  return new_mempool_id(/*user_created=*/true);
 }
 
 bool stream_is_capturing(const NpuStream& stream) {
@@ -137,6 +103,14 @@ NpuGraph::NpuGraph() = default;
 NpuGraph::~NpuGraph() {
   if (capture_) {
     end_capture();  // destroyed mid-capture (an exception unwound the capture)
+  }
+  let_go_of_pool();
+}
+
+void NpuGraph::let_go_of_pool() {
+  if (holds_pool_) {
+    holds_pool_ = false;
+    release_pool(device_, pool_id_);
   }
 }
 
@@ -155,22 +129,24 @@ void NpuGraph::capture_begin(c10::MempoolId_t pool, const std::string& mode) {
       "`with torch.npu.stream(torch.npu.Stream())`. Replay may then run on the default stream.");
   TORCH_CHECK(stream.capture() == nullptr, "NPUGraph.capture_begin: ", stream.name(),
       " is already being captured by another graph");
-  capture_ = std::make_unique<GraphCapture>();
-  capture_->pool = pool_for(pool);
-  capture_->stream = &stream;
-  stream_ = &stream;
-  device_ = device;
-  pool_ = capture_->pool;
+  const c10::MempoolId_t id = pool.first == 0 && pool.second == 0 ? new_mempool_id(/*user_created=*/false) : pool;
   // The graph calls down into the floors below (as CUDA's capture_begin calls
   // beginAllocateToPool): the allocator serves the stream's allocations from
   // the pool, the stream records its tasks (compute ops' launches among them).
-  begin_allocate_to_pool(stream, pool_.get());
+  begin_allocate_to_pool(stream, id);
+  capture_ = std::make_unique<GraphCapture>();
+  capture_->stream = &stream;
+  capture_->pool = id;
+  stream_ = &stream;
+  device_ = device;
+  pool_id_ = id;
+  holds_pool_ = true;
   stream.set_capture(capture_.get());
 }
 
 void NpuGraph::end_capture() {
   stream_->set_capture(nullptr);
-  end_allocate_to_pool(*stream_);
+  end_allocate_to_pool(device_, pool_id_);
 }
 
 void NpuGraph::capture_end() {
@@ -181,7 +157,7 @@ void NpuGraph::capture_end() {
   end_capture();
   std::unique_ptr<GraphCapture> capture = std::move(capture_);
   if (!capture->invalidated.empty()) {
-    pool_.reset();
+    let_go_of_pool();
     TORCH_CHECK(false, "NPUGraph.capture_end: the capture on ", stream_->name(),
         " was invalidated by a call that is not permitted during capture: ", capture->invalidated);
   }
@@ -212,12 +188,12 @@ void NpuGraph::reset() {
     capture_.reset();
   }
   tasks_.reset();
-  pool_.reset();
+  let_go_of_pool();
 }
 
 c10::MempoolId_t NpuGraph::pool() const {
-  TORCH_CHECK(pool_, "NPUGraph.pool: called without a preceding capture");
-  return pool_->id;
+  TORCH_CHECK(holds_pool_, "NPUGraph.pool: called without a preceding capture");
+  return pool_id_;
 }
 
 size_t NpuGraph::num_tasks() const {
@@ -229,8 +205,8 @@ void NpuGraph::debug_dump(const std::string& path) const {
   TORCH_CHECK(tasks_, "NPUGraph.debug_dump: the graph has not been captured");
   std::ofstream out(path);
   TORCH_CHECK(out, "NPUGraph.debug_dump: cannot write ", path);
-  out << "npu graph on npu:" << static_cast<int>(device_) << ", pool (" << pool_->id.first << ", "
-      << pool_->id.second << "), " << tasks_->size() << " tasks\n";
+  out << "npu graph on npu:" << static_cast<int>(device_) << ", pool (" << pool_id_.first << ", "
+      << pool_id_.second << "), " << tasks_->size() << " tasks\n";
   for (size_t i = 0; i < tasks_->size(); ++i) {
     out << i << "\t" << (*tasks_)[i].label << "\t" << (*tasks_)[i].duration_us << " us\n";
   }

@@ -14,7 +14,6 @@
 namespace npusim {
 
 struct GraphCapture;  // a capture underway on one stream (capture.h)
-struct GraphPool;     // a graph's private memory pool (capture.h)
 struct GraphTask;
 
 // ---- the graph --------------------------------------------------------------
@@ -46,10 +45,13 @@ class NpuGraph {
 
  private:
   void end_capture();
+  // Releases the graph's hold on its pool (Note [NPU graph memory]).
+  void let_go_of_pool();
 
   std::unique_ptr<GraphCapture> capture_;
   std::shared_ptr<const std::vector<GraphTask>> tasks_;
-  std::shared_ptr<GraphPool> pool_;
+  c10::MempoolId_t pool_id_{0, 0};
+  bool holds_pool_ = false;  // the allocator counts this graph as a user of pool_id_
   NpuStream* stream_ = nullptr;
   c10::DeviceIndex device_ = -1;
   bool debug_ = false;

@@ -1,25 +1,19 @@
-// Device memory of the simulated NPU: a caching allocator with per-device
-// pools, accounting (CUDA's DeviceStats) and capacity, and stream-ordered
-// release. Pinned host memory is host_allocator.cpp's, the allocator lent to
-// CPU kernels cpu_allocator.cpp's.
+// Device memory of the simulated NPU: the face of the per-device caching
+// allocators (device_cache.cpp): c10's DeviceAllocator, npu DataPtrs and
+// their stream-ordered free, settings, statistics, snapshots, private pools.
+// Pinned host memory is host_allocator.cpp's, the allocator lent to CPU
+// kernels cpu_allocator.cpp's.
 #include "device_allocator.h"
 
+#include "device_cache.h"
 #include "host_memory.h"
 #include "trace.h"
 
-#include <c10/core/CPUAllocator.h>
-#include <c10/core/CachingDeviceAllocator.h>
 #include <c10/util/Exception.h>
 
 #include <algorithm>
 #include <array>
-#include <chrono>
-#include <cstdlib>
 #include <cstring>
-#include <map>
-#include <sstream>
-#include <unordered_map>
-#include <unordered_set>
 #include <utility>
 
 namespace npusim {
@@ -33,377 +27,69 @@ namespace npusim {
 // that point. This is stricter than CUDA, which waits only for recorded
 // streams: npusim's host-side kernels and comm threads make a missing
 // record_stream a silent data race, so it is never relied on. The one
-// relaxation is CUDA's: a block whose only unfinished work is on the stream
-// it was allocated on may be reused by an allocation on that same stream,
-// whose work is ordered after it (allocations are made by host threads at a
-// launch; a stream worker allocates nothing from this pool). `allocated` drops at once, as on CUDA;
-// `reserved` counts the block until it is returned to the host.
-
-// Note [Caching allocator]
-// Each block is one host allocation (a "segment" of one block: npusim never
-// splits). Requests are rounded up to 512 bytes (and to a power-of-two
-// division with roundup_power2_divisions); the small pool holds blocks under
-// 1 MiB, the large pool the rest. A freed block that no stream can touch is
-// cached per (device, allocation stream, size); an allocation takes a cached
-// block of its stream and exact size (an oversize block, at least
-// max_split_size, serves any request within 20 MiB below it, as on CUDA).
-// Over capacity the cache is returned to the host and the allocation retried
-// (num_alloc_retries), then the device is synchronized and retried once more,
-// then OutOfMemoryError. Memory that a CPU kernel allocated outside the
-// caching allocator (see Note [CPU kernels allocate device memory]) is
-// adopted: accounted, but never cached, since the CPU allocator owns it.
-
+// relaxation is CUDA's: work left only on the stream the block was allocated
+// for is ordered before anything the block's next owner enqueues there (and
+// a block is only ever reused on that stream, Note [Caching allocator];
+// allocations are made by host threads at a launch, a stream worker
+// allocates nothing from this allocator: Note [Compute on the stream]), so
+// such a free returns the block to its pool at once; the stream's task count
+// at the free is kept with the block, and its memory goes back to the host
+// only once the stream has passed it. `allocated` drops at once, as on CUDA;
+// `active` and `reserved` count the block until the free completes and until
+// its segment is returned to the host.
 
 namespace {
 
-constexpr size_t kMinBlockSize = 512;
-constexpr size_t kSmallSize = 1 << 20;
-constexpr size_t kLargeBuffer = 20 << 20;
-
-
-int64_t now_us() {
-  return std::chrono::duration_cast<std::chrono::microseconds>(
-      std::chrono::system_clock::now().time_since_epoch()).count();
-}
-
-struct Block {
-  void* ptr = nullptr;
-  size_t size = 0;  // bytes of the segment (accounted size)
-  size_t requested = 0;
-  c10::DeviceIndex device = -1;  // -1: pinned host memory
-  c10::StreamId stream = 0;      // allocation stream
-  c10::DataPtr adopted;          // memory produced by a CPU kernel
-  bool allocated = false;
-  std::vector<c10::StreamId> recorded;  // Tensor.record_stream (same device)
-};
-
-struct PendingFree {
-  Block* block;
-  std::vector<Fence> fences;
-  const std::atomic<uint64_t>* own_counter;  // the allocation stream's
-};
-
-using StatArray = c10::CachingDeviceAllocator::StatArray;
-
-struct DevicePool {
-  std::mutex mutex;
-  c10::CachingDeviceAllocator::DeviceStats stats;
-  std::multimap<std::pair<c10::StreamId, size_t>, Block*> cached;
-  std::vector<PendingFree> pending;
-  // Every live segment by address: for snapshots, and to find the block of
-  // memory lent to a CPU kernel (Note [CPU kernels allocate device memory]).
-  std::unordered_map<const void*, Block*> blocks;
-  std::deque<TraceEntry> trace;
-  std::atomic<int64_t> capacity{-1};
-  std::atomic<double> fraction{1.0};
-};
-
-std::array<DevicePool, kMaxDevices>& g_pools = *new std::array<DevicePool, kMaxDevices>();
-std::atomic<size_t> g_pending_count{0};
-// Private pools by (device, stream): see begin_allocate_to_pool.
-std::atomic<int> g_routed_streams{0};
-std::array<std::atomic<PrivatePool*>, kMaxDevices * kStreamsPerDevice> g_routes{};
-std::atomic<bool> g_trace_enabled{false};
-std::atomic<size_t> g_trace_max{0};
-
-std::mutex& g_settings_mutex = *new std::mutex();
-AllocatorSettings g_settings;
-
-
-
-// The aggregate and the block's pool (small or large); several per
-// allocation and free, so written out rather than looped.
-inline void update(StatArray& stat, size_t block_size, int64_t amount) {
-  auto& pool = stat[block_size < kSmallSize ? 1 : 2];
-  if (amount >= 0) {
-    stat[0].increase(static_cast<size_t>(amount));
-    pool.increase(static_cast<size_t>(amount));
-  } else {
-    stat[0].decrease(static_cast<size_t>(-amount));
-    pool.decrease(static_cast<size_t>(-amount));
-  }
-}
-
-void trace_locked(DevicePool& p, const char* action, const Block& b) {
-  if (!g_trace_enabled.load(std::memory_order_relaxed)) {
-    return;
-  }
-  p.trace.push_back(TraceEntry{action, reinterpret_cast<uintptr_t>(b.ptr), b.size, b.stream, now_us()});
-  while (p.trace.size() > g_trace_max.load()) {
-    p.trace.pop_front();
-  }
-}
-
-size_t round_size(size_t nbytes) {
-  size_t divisions = 0;
-  {
-    std::lock_guard<std::mutex> lock(g_settings_mutex);
-    divisions = g_settings.roundup_power2_divisions;
-  }
-  size_t size = nbytes;
-  if (divisions > 1 && size > kMinBlockSize) {
-    const size_t floor2 = size_t{1} << (63 - __builtin_clzll(size));
-    const size_t step = std::max(floor2 / divisions, kMinBlockSize);
-    size = floor2 + (size - floor2 + step - 1) / step * step;
-  }
-  return (size + kMinBlockSize - 1) / kMinBlockSize * kMinBlockSize;
-}
-
-int64_t limit_of(const DevicePool& p) {
-  const int64_t cap = p.capacity.load();
-  return cap < 0 ? -1 : static_cast<int64_t>(static_cast<double>(cap) * p.fraction.load());
-}
-
-int64_t reserved_of(const DevicePool& p) {
-  return p.stats.reserved_bytes[0].current;
-}
-
-// Returns a segment to the host (pool lock held).
-void release_locked(DevicePool& p, Block* b) {
-  update(p.stats.reserved_bytes, b->size, -static_cast<int64_t>(b->size));
-  update(p.stats.segment, b->size, -1);
-  if (b->size >= g_settings.max_split_size) {
-    p.stats.oversize_segments.decrease(1);
-  }
-  p.stats.num_device_free += 1;
-  trace_locked(p, "segment_free", *b);
-  p.blocks.erase(b->ptr);
-  if (b->adopted) {
-    b->adopted.clear();
-  } else {
-    std::free(b->ptr);
-  }
-  delete b;
-}
-
-// The block is free and no stream can touch it any more (pool lock held).
-void finish_free_locked(DevicePool& p, Block* b) {
-  update(p.stats.active, b->size, -1);
-  update(p.stats.active_bytes, b->size, -static_cast<int64_t>(b->size));
-  b->recorded.clear();
-  trace_locked(p, "free_completed", *b);
-  if (b->adopted) {
-    release_locked(p, b);
-  } else {
-    p.cached.emplace(std::make_pair(b->stream, b->size), b);
-  }
-}
-
-int64_t free_cached_locked(DevicePool& p) {
-  int64_t released = 0;
-  for (auto& [key, b] : p.cached) {
-    released += static_cast<int64_t>(b->size);
-    release_locked(p, b);
-  }
-  p.cached.clear();
-  return released;
-}
-
-
-// Moves pending frees whose fences have passed into the cache (lock held).
-int64_t reclaim_locked(DevicePool& p) {
-  int64_t moved = 0;
-  // stable_partition, not a hand-written compaction: a self-move of the
-  // fences vector would empty it and release a block that is still in use.
-  auto keep = std::stable_partition(p.pending.begin(), p.pending.end(), [](const PendingFree& pending) {
-    return !std::all_of(pending.fences.begin(), pending.fences.end(), fence_passed);
-  });
-  for (auto it = keep; it != p.pending.end(); ++it) {
-    moved += static_cast<int64_t>(it->block->size);
-    finish_free_locked(p, it->block);
-  }
-  g_pending_count.fetch_sub(static_cast<size_t>(std::distance(keep, p.pending.end())));
-  p.pending.erase(keep, p.pending.end());
-  return moved;
-}
-
-bool is_oversize(size_t size) {
-  return size >= g_settings.max_split_size;
-}
-
-// A cached or same-stream pending block for `size` on `stream` (lock held).
-Block* take_reusable_locked(DevicePool& p, c10::StreamId stream, size_t size, bool* was_active) {
-  const bool oversize = is_oversize(size);
-  auto it = p.cached.lower_bound({stream, size});
-  if (it != p.cached.end() && it->first.first == stream &&
-      (it->first.second == size || (oversize && it->first.second < size + kLargeBuffer))) {
-    Block* b = it->second;
-    p.cached.erase(it);
-    *was_active = false;
-    return b;
-  }
-  // Note [Stream-ordered free]: work left only on the block's own stream is
-  // ordered before anything the new owner enqueues there.
-  for (auto pending = p.pending.begin(); pending != p.pending.end(); ++pending) {
-    Block* b = pending->block;
-    if (b->stream != stream || b->size != size || b->adopted) {
-      continue;
-    }
-    const bool only_own = std::all_of(pending->fences.begin(), pending->fences.end(), [&](const Fence& f) {
-      return f.first == pending->own_counter || fence_passed(f);
-    });
-    if (only_own) {
-      p.pending.erase(pending);
-      g_pending_count.fetch_sub(1);
-      b->recorded.clear();
-      *was_active = true;
-      return b;
-    }
-  }
-  return nullptr;
-}
-
-void raise_oom(DevicePool& p, c10::DeviceIndex device, size_t nbytes, const std::string& why) {
-  p.stats.num_ooms += 1;
-  const int64_t limit = limit_of(p);
-  const int64_t free_bytes = std::max<int64_t>(0, limit - reserved_of(p));
-  const int64_t allocated = p.stats.allocated_bytes[0].current;
-  const int64_t reserved = reserved_of(p);
-  if (g_trace_enabled.load()) {
-    Block fake;
-    fake.size = nbytes;
-    trace_locked(p, "oom", fake);
-  }
-  std::ostringstream msg;
-  msg << "NPU out of memory on npu:" << static_cast<int>(device) << ". Tried to allocate "
-      << format_bytes(static_cast<int64_t>(nbytes)) << " (" << nbytes << " bytes); ";
-  if (!why.empty()) {
-    msg << why;
-  } else {
-    msg << "capacity " << format_bytes(limit) << ", " << format_bytes(allocated) << " allocated, "
-        << format_bytes(reserved) << " reserved, " << format_bytes(free_bytes) << " free (" << free_bytes
-        << " bytes).";
-  }
-  TORCH_CHECK_WITH(OutOfMemoryError, false, msg.str());
-}
-
-bool over_limit(const DevicePool& p, size_t nbytes) {
-  const int64_t limit = limit_of(p);
-  return limit >= 0 && reserved_of(p) + static_cast<int64_t>(nbytes) > limit;
-}
-
-// Makes room for a new segment of `nbytes` (the lock is held on entry and
-// exit; it is dropped to synchronize the device).
-void make_room(std::unique_lock<std::mutex>& lock, DevicePool& p, c10::DeviceIndex device, size_t nbytes) {
-  const double gc = g_settings.garbage_collection_threshold;
-  const int64_t limit = limit_of(p);
-  if (gc > 0 && limit >= 0 && reserved_of(p) + static_cast<int64_t>(nbytes) >
-      static_cast<int64_t>(gc * static_cast<double>(limit))) {
-    free_cached_locked(p);
-  }
-  if (!over_limit(p, nbytes)) {
-    return;
-  }
-  if (!p.cached.empty()) {
-    p.stats.num_alloc_retries += 1;
-    free_cached_locked(p);
-  }
-  if (over_limit(p, nbytes) && !on_stream_worker()) {
-    // Let deferred frees complete, as CUDA synchronizes before its last retry.
-    lock.unlock();
-    synchronize_device(device);
-    lock.lock();
-    p.stats.num_sync_all_streams += 1;
-    reclaim_locked(p);
-    free_cached_locked(p);
-  }
-  if (over_limit(p, nbytes)) {
-    raise_oom(p, device, nbytes, "");
-  }
-}
-
-// Accounts a block handed to a caller (lock held).
-void account_allocated_locked(DevicePool& p, Block* b, size_t requested, bool was_active) {
-  b->allocated = true;
-  b->requested = requested;
-  update(p.stats.allocation, b->size, 1);
-  update(p.stats.allocated_bytes, b->size, static_cast<int64_t>(b->size));
-  update(p.stats.requested_bytes, b->size, static_cast<int64_t>(requested));
-  if (!was_active) {
-    update(p.stats.active, b->size, 1);
-    update(p.stats.active_bytes, b->size, static_cast<int64_t>(b->size));
-  }
-  if (is_oversize(b->size)) {
-    p.stats.oversize_allocations.increase(1);
-  }
-  trace_locked(p, "alloc", *b);
-}
-
+std::array<DeviceCache, kMaxDevices>& g_caches = *new std::array<DeviceCache, kMaxDevices>();
+std::atomic<SettingsInitHook> g_settings_hook{nullptr};
+std::atomic<bool> g_settings_ready{false};
+std::atomic<uint64_t> g_next_pool_uid{1};
 
 // Reports an allocation or free to torch.profiler and the sanitizer. Called
-// without the pool lock: the sanitizer's observer takes the GIL, and a thread
-// holding the GIL may be waiting for the pool lock (a deadlock seen in FSDP2).
-void report_memory(DevicePool& p, void* ptr, int64_t delta, c10::DeviceIndex device,
-    std::unique_lock<std::mutex>& lock) {
-  const int64_t allocated = p.stats.allocated_bytes[0].current;
-  const int64_t reserved = reserved_of(p);
+// without the cache lock: the sanitizer's observer takes the GIL, and a thread
+// holding the GIL may be waiting for the lock (a deadlock seen in FSDP2).
+void report_memory(DeviceCache& c, void* ptr, int64_t delta, std::unique_lock<std::mutex>& lock) {
+  const int64_t allocated = c.stats.allocated_bytes[0].current;
+  const int64_t reserved = c.reserved();
   lock.unlock();
-  note_memory(ptr, delta, allocated, reserved, device);
+  note_memory(ptr, delta, allocated, reserved, c.device);
 }
 
-// A new segment joins the pool (lock held).
-void account_segment_locked(DevicePool& p, Block* b) {
-  update(p.stats.segment, b->size, 1);
-  update(p.stats.reserved_bytes, b->size, static_cast<int64_t>(b->size));
-  if (is_oversize(b->size)) {
-    p.stats.oversize_segments.increase(1);
-  }
-  p.stats.num_device_alloc += 1;
-  p.blocks.emplace(b->ptr, b);
-  trace_locked(p, "segment_alloc", *b);
-}
-
-
-// Frees allocation `b` of pool `p` (locked by `lock`); `fences` are the
-// streams with unfinished work at the time of the free.
-void free_locked(DevicePool& p, Block* b, std::vector<Fence> fences, std::unique_lock<std::mutex>& lock) {
-  for (c10::StreamId id : b->recorded) {
-    const NpuStream& s = stream_for(b->device, id);
-    const uint64_t enqueued = s.enqueued();
-    if (s.completed() < enqueued) {
-      fences.emplace_back(s.completed_counter(), enqueued);
+DeviceCache& cache(c10::DeviceIndex device, const char* op) {
+  check_device_index(device, op);
+  // The streams' completion hook releases deferred frees; installed with the
+  // first use of a cache, before any free can be deferred.
+  static const bool hooked = [] {
+    for (c10::DeviceIndex d = 0; d < kMaxDevices; ++d) {
+      g_caches[d].device = d;
     }
-  }
-  b->allocated = false;
-  update(p.stats.allocation, b->size, -1);
-  update(p.stats.allocated_bytes, b->size, -static_cast<int64_t>(b->size));
-  update(p.stats.requested_bytes, b->size, -static_cast<int64_t>(b->requested));
-  trace_locked(p, "free_requested", *b);
-  void* const ptr = b->ptr;  // b may be released below
-  const int64_t size = static_cast<int64_t>(b->size);
-  const c10::DeviceIndex device = b->device;
-  if (fences.empty()) {
-    finish_free_locked(p, b);
-  } else {
-    p.pending.push_back(PendingFree{b, std::move(fences), stream_for(b->device, b->stream).completed_counter()});
-    g_pending_count.fetch_add(1);
-  }
-  report_memory(p, ptr, -size, device, lock);
+    add_completion_hook(&maybe_reclaim_deferred_frees);
+    return true;
+  }();
+  (void)hooked;
+  return g_caches[device];
 }
 
 void free_block(void* ctx) {
   auto* b = static_cast<Block*>(ctx);
   auto fences = pending_stream_fences();
-  DevicePool& p = g_pools[b->device];
-  std::unique_lock<std::mutex> lock(p.mutex);
-  free_locked(p, b, std::move(fences), lock);
+  DeviceCache& c = g_caches[b->device];
+  std::unique_lock<std::mutex> lock(c.mutex);
+  void* const ptr = b->ptr;  // b may be merged away below
+  const auto size = static_cast<int64_t>(b->size);
+  c.free_locked(b, std::move(fences));
+  report_memory(c, ptr, -size, lock);
 }
 
-
+c10::DataPtr data_ptr_of(Block* b) {
+  return c10::DataPtr(b->ptr, b, &free_block, c10::Device(c10::DeviceType::PrivateUse1, b->device));
+}
 
 // A c10::DeviceAllocator so that torch.accelerator's memory functions work.
 class DeviceAllocator final : public c10::DeviceAllocator {
  public:
   c10::DataPtr allocate(size_t nbytes) override {
-    const c10::DeviceIndex device = current_device();
-    if (C10_UNLIKELY(g_routed_streams.load(std::memory_order_acquire) != 0)) {
-      // A private pool takes the allocations of its stream (an npu graph's capture).
-      const NpuStream& stream = current_stream(device);
-      if (PrivatePool* pool = g_routes[device * kStreamsPerDevice + stream.id()].load(std::memory_order_acquire)) {
-        return pool->allocate(device, nbytes);
-      }
-    }
-    return allocate_device(device, nbytes);
+    return allocate_device(current_device(), nbytes);
   }
   void copy_data(void* dest, const void* src, std::size_t count) const override {
     std::memcpy(dest, src, count);
@@ -431,21 +117,43 @@ class DeviceAllocator final : public c10::DeviceAllocator {
   }
 };
 
-
-
-DevicePool& pool(c10::DeviceIndex device, const char* op) {
-  check_device_index(device, op);
-  // The streams' completion hook releases this allocator's deferred frees;
-  // installed with the first use of a pool, before any free can be deferred.
-  static const bool hooked = (add_completion_hook(&maybe_reclaim_deferred_frees), true);
-  (void)hooked;
-  return g_pools[device];
-}
-
 }  // namespace
 
+// ---- settings ------------------------------------------------------------------------
+
+void set_settings_init_hook(SettingsInitHook hook) {
+  g_settings_hook.store(hook);
+}
+
+void ensure_allocator_settings() {
+  if (C10_LIKELY(g_settings_ready.load(std::memory_order_acquire))) {
+    return;
+  }
+  // The hook's own calls into the allocator (setting fractions) need no settings first.
+  thread_local bool reading = false;
+  if (reading) {
+    return;
+  }
+  // No lock around the hook: it takes the GIL, and a thread holding the GIL
+  // may be waiting for a lock of ours. Two threads may both read the
+  // settings; they read the same.
+  if (SettingsInitHook hook = g_settings_hook.load()) {
+    reading = true;
+    try {
+      hook();
+    } catch (...) {
+      reading = false;
+      throw;  // not ready: the next use reads the settings again
+    }
+    reading = false;
+  }
+  g_settings_ready.store(true, std::memory_order_release);
+}
+
+// ---- allocation and free ---------------------------------------------------------------
+
 void maybe_reclaim_deferred_frees() {
-  if (g_pending_count.load(std::memory_order_acquire) > 0) {
+  if (g_pending_frees.load(std::memory_order_acquire) > 0) {
     reclaim_deferred_frees();
   }
 }
@@ -455,154 +163,61 @@ c10::Allocator* device_allocator() {
   return &allocator;
 }
 
+namespace {
+
+c10::DataPtr allocate_on(DeviceCache& c, size_t nbytes, c10::StreamId stream) {
+  ensure_allocator_settings();
+  maybe_reclaim_deferred_frees();
+  if (nbytes == 0) {
+    return c10::DataPtr(nullptr, c10::Device(c10::DeviceType::PrivateUse1, c.device));
+  }
+  std::unique_lock<std::mutex> lock(c.mutex);
+  Block* b = c.malloc_locked(nbytes, stream, lock);
+  report_memory(c, b->ptr, static_cast<int64_t>(b->size), lock);
+  return data_ptr_of(b);
+}
+
+}  // namespace
+
+c10::DataPtr allocate_device(c10::DeviceIndex device, size_t nbytes, const NpuStream& stream) {
+  DeviceCache& c = cache(device, "npu allocate");
+  TORCH_CHECK(stream.device() == device, "npu allocate: a stream of npu:", static_cast<int>(stream.device()),
+      " for memory of npu:", static_cast<int>(device));
+  return allocate_on(c, nbytes, stream.id());
+}
 
 c10::DataPtr allocate_device(c10::DeviceIndex device, size_t nbytes) {
-  DevicePool& p = pool(device, "npu allocate");
+  DeviceCache& c = cache(device, "npu allocate");
   start_runtime();
-  maybe_reclaim_deferred_frees();
-  const c10::Device dev(c10::DeviceType::PrivateUse1, device);
-  if (nbytes == 0) {
-    return c10::DataPtr(nullptr, dev);
-  }
-  const size_t size = round_size(nbytes);
-  const c10::StreamId stream = current_stream(device).id();
-  std::unique_lock<std::mutex> lock(p.mutex);
-  bool was_active = false;
-  Block* b = take_reusable_locked(p, stream, size, &was_active);
-  if (b == nullptr) {
-    make_room(lock, p, device, size);
-    void* ptr = raw_alloc(size);
-    if (ptr == nullptr && !p.cached.empty()) {
-      p.stats.num_alloc_retries += 1;
-      free_cached_locked(p);
-      ptr = raw_alloc(size);
-    }
-    if (ptr == nullptr) {
-      raise_oom(p, device, nbytes, "the host could not provide it.");
-    }
-    b = new Block();
-    b->ptr = ptr;
-    b->size = size;
-    b->device = device;
-    b->stream = stream;
-    account_segment_locked(p, b);
-  }
-  account_allocated_locked(p, b, nbytes, was_active);
-  report_memory(p, b->ptr, static_cast<int64_t>(b->size), device, lock);
-  return c10::DataPtr(b->ptr, b, &free_block, dev);
+  return allocate_on(c, nbytes, current_stream(device).id());
 }
-
-
 
 c10::DataPtr adopt_as_device(c10::DataPtr&& cpu, size_t nbytes, c10::DeviceIndex device) {
-  DevicePool& p = pool(device, "npu adopt");
-  void* ptr = cpu.get();
+  DeviceCache& c = cache(device, "npu adopt");
+  ensure_allocator_settings();
   const c10::StreamId stream = current_stream(device).id();
-  std::unique_lock<std::mutex> lock(p.mutex);
-  make_room(lock, p, device, nbytes);  // on failure `cpu` frees the memory
-  auto* b = new Block();
-  b->ptr = ptr;
-  b->size = nbytes;
-  b->device = device;
-  b->stream = stream;
-  b->adopted = std::move(cpu);
-  account_segment_locked(p, b);
-  account_allocated_locked(p, b, nbytes, false);
-  report_memory(p, ptr, static_cast<int64_t>(b->size), device, lock);
-  return c10::DataPtr(ptr, b, &free_block, c10::Device(c10::DeviceType::PrivateUse1, device));
+  std::unique_lock<std::mutex> lock(c.mutex);
+  Block* b = c.adopt_locked(std::move(cpu), nbytes, stream, lock);  // on failure `cpu` frees the memory
+  report_memory(c, b->ptr, static_cast<int64_t>(b->size), lock);
+  return data_ptr_of(b);
 }
-
 
 int64_t reclaim_deferred_frees() {
   int64_t moved = 0;
   for (int d = 0; d < device_count(); ++d) {
-    DevicePool& p = g_pools[d];
-    std::lock_guard<std::mutex> lock(p.mutex);
-    if (!p.pending.empty()) {
-      moved += reclaim_locked(p);
-    }
+    DeviceCache& c = g_caches[d];
+    std::lock_guard<std::mutex> lock(c.mutex);
+    moved += c.reclaim_locked();
   }
   return moved;
 }
 
-bool is_lent_block(c10::DeviceIndex device, const void* ptr) {
-  DevicePool& p = g_pools[device];
-  std::lock_guard<std::mutex> lock(p.mutex);
-  auto it = p.blocks.find(ptr);
-  return it != p.blocks.end() && it->second->allocated && !it->second->adopted;
-}
-
-void free_block_at(c10::DeviceIndex device, void* ptr) {
-  auto fences = pending_stream_fences();
-  DevicePool& p = g_pools[device];
-  std::unique_lock<std::mutex> lock(p.mutex);
-  Block* b = p.blocks.at(ptr);
-  free_locked(p, b, std::move(fences), lock);
-}
-
-c10::DataPtr claim_block(c10::DeviceIndex device, void* ptr) {
-  Block* b = nullptr;
-  {
-    std::lock_guard<std::mutex> lock(g_pools[device].mutex);
-    b = g_pools[device].blocks.at(ptr);
-  }
-  return c10::DataPtr(ptr, b, &free_block, c10::Device(c10::DeviceType::PrivateUse1, device));
-}
-
-void begin_allocate_to_pool(const NpuStream& stream, PrivatePool* pool) {
-  auto& route = g_routes[stream.device() * kStreamsPerDevice + stream.id()];
-  if (route.exchange(pool, std::memory_order_acq_rel) == nullptr) {
-    g_routed_streams.fetch_add(1, std::memory_order_acq_rel);
-  }
-}
-
-void end_allocate_to_pool(const NpuStream& stream) {
-  auto& route = g_routes[stream.device() * kStreamsPerDevice + stream.id()];
-  if (route.exchange(nullptr, std::memory_order_acq_rel) != nullptr) {
-    g_routed_streams.fetch_sub(1, std::memory_order_acq_rel);
-  }
-}
-
 void empty_cache() {
-  reclaim_deferred_frees();
   for (int d = 0; d < device_count(); ++d) {
-    DevicePool& p = g_pools[d];
-    std::lock_guard<std::mutex> lock(p.mutex);
-    free_cached_locked(p);
+    DeviceCache& c = cache(static_cast<c10::DeviceIndex>(d), "empty_cache");
+    std::unique_lock<std::mutex> lock(c.mutex);
+    c.empty_cache_locked(lock, /*synchronize=*/true);
   }
-}
-
-void reset_peak_stats(c10::DeviceIndex device) {
-  DevicePool& p = pool(device, "reset_peak_memory_stats");
-  std::lock_guard<std::mutex> lock(p.mutex);
-  auto& s = p.stats;
-  for (StatArray* array : {&s.allocation, &s.segment, &s.active, &s.inactive_split, &s.allocated_bytes,
-           &s.reserved_bytes, &s.active_bytes, &s.inactive_split_bytes, &s.requested_bytes}) {
-    for (auto& stat : *array) {
-      stat.reset_peak();
-    }
-  }
-  s.oversize_allocations.reset_peak();
-  s.oversize_segments.reset_peak();
-}
-
-void reset_accumulated_stats(c10::DeviceIndex device) {
-  DevicePool& p = pool(device, "reset_accumulated_memory_stats");
-  std::lock_guard<std::mutex> lock(p.mutex);
-  auto& s = p.stats;
-  for (StatArray* array : {&s.allocation, &s.segment, &s.active, &s.inactive_split, &s.allocated_bytes,
-           &s.reserved_bytes, &s.active_bytes, &s.inactive_split_bytes, &s.requested_bytes}) {
-    for (auto& stat : *array) {
-      stat.reset_accumulated();
-    }
-  }
-  s.oversize_allocations.reset_accumulated();
-  s.oversize_segments.reset_accumulated();
-  s.num_alloc_retries = 0;
-  s.num_ooms = 0;
-  s.num_sync_all_streams = 0;
-  s.num_device_alloc = 0;
-  s.num_device_free = 0;
 }
 
 void record_stream(const c10::DataPtr& data, const c10::Stream& stream) {
@@ -616,106 +231,219 @@ void record_stream(const c10::DataPtr& data, const c10::Stream& stream) {
   TORCH_CHECK(stream.device_index() == b->device, "record_stream: the stream is on npu:",
       static_cast<int>(stream.device_index()), " but the tensor's memory is on npu:", static_cast<int>(b->device));
   stream_for(stream);  // validates the stream id
-  DevicePool& p = g_pools[b->device];
-  std::lock_guard<std::mutex> lock(p.mutex);
-  if (stream.id() != b->stream &&
-      std::find(b->recorded.begin(), b->recorded.end(), stream.id()) == b->recorded.end()) {
-    b->recorded.push_back(stream.id());
+  DeviceCache& c = g_caches[b->device];
+  std::lock_guard<std::mutex> lock(c.mutex);
+  c.record_stream_locked(b, stream.id());
+}
+
+// ---- statistics and capacity ---------------------------------------------------------------
+
+namespace {
+
+template <typename Fn>
+void for_each_stat(c10::CachingDeviceAllocator::DeviceStats& s, Fn fn) {
+  for (StatArray* array : {&s.allocation, &s.segment, &s.active, &s.inactive_split, &s.allocated_bytes,
+           &s.reserved_bytes, &s.active_bytes, &s.inactive_split_bytes, &s.requested_bytes}) {
+    for (auto& stat : *array) {
+      fn(stat);
+    }
   }
+  fn(s.oversize_allocations);
+  fn(s.oversize_segments);
+}
+
+}  // namespace
+
+void reset_peak_stats(c10::DeviceIndex device) {
+  DeviceCache& c = cache(device, "reset_peak_memory_stats");
+  std::lock_guard<std::mutex> lock(c.mutex);
+  for_each_stat(c.stats, [](c10::CachingAllocator::Stat& stat) { stat.reset_peak(); });
+}
+
+void reset_accumulated_stats(c10::DeviceIndex device) {
+  DeviceCache& c = cache(device, "reset_accumulated_memory_stats");
+  std::lock_guard<std::mutex> lock(c.mutex);
+  auto& s = c.stats;
+  for_each_stat(s, [](c10::CachingAllocator::Stat& stat) { stat.reset_accumulated(); });
+  s.num_alloc_retries = 0;
+  s.num_ooms = 0;
+  s.num_sync_all_streams = 0;
+  s.num_device_alloc = 0;
+  s.num_device_free = 0;
 }
 
 c10::CachingDeviceAllocator::DeviceStats device_stats(c10::DeviceIndex device) {
-  DevicePool& p = pool(device, "memory_stats");
-  std::lock_guard<std::mutex> lock(p.mutex);
-  auto out = p.stats;
-  out.max_split_size = static_cast<int64_t>(g_settings.max_split_size);
+  DeviceCache& c = cache(device, "memory_stats");
+  ensure_allocator_settings();
+  std::lock_guard<std::mutex> lock(c.mutex);
+  auto out = c.stats;
+  out.max_split_size = static_cast<int64_t>(settings().max_split_size);  // unlimited: -1, as CUDA reports it
   return out;
 }
 
 int64_t memory_capacity(c10::DeviceIndex device) {
-  return pool(device, "memory capacity").capacity.load();
+  return cache(device, "memory capacity").capacity.load();
 }
 
 void set_memory_capacity(c10::DeviceIndex device, int64_t bytes) {
-  pool(device, "set_memory_capacity").capacity = bytes < 0 ? -1 : bytes;
+  cache(device, "set_memory_capacity").capacity = bytes < 0 ? -1 : bytes;
 }
 
 double memory_fraction(c10::DeviceIndex device) {
-  return pool(device, "get_per_process_memory_fraction").fraction.load();
+  DeviceCache& c = cache(device, "get_per_process_memory_fraction");
+  ensure_allocator_settings();
+  return c.fraction.load();
 }
 
 void set_memory_fraction(c10::DeviceIndex device, double fraction) {
   TORCH_CHECK(fraction >= 0.0 && fraction <= 1.0, "set_per_process_memory_fraction: invalid fraction ", fraction,
       "; expected a number in [0, 1]");
-  pool(device, "set_per_process_memory_fraction").fraction = fraction;
+  DeviceCache& c = cache(device, "set_per_process_memory_fraction");
+  ensure_allocator_settings();  // PYTORCH_NPU_ALLOC_CONF's fraction first, the caller's over it
+  c.fraction = fraction;
 }
 
 std::pair<size_t, size_t> memory_info(c10::DeviceIndex device) {
-  DevicePool& p = pool(device, "mem_get_info");
-  const int64_t cap = p.capacity.load();
+  DeviceCache& c = cache(device, "mem_get_info");
+  const int64_t cap = c.capacity.load();
   if (cap < 0) {
     return {0, 0};
   }
-  std::lock_guard<std::mutex> lock(p.mutex);
-  return {static_cast<size_t>(std::max<int64_t>(0, cap - reserved_of(p))), static_cast<size_t>(cap)};
+  std::lock_guard<std::mutex> lock(c.mutex);
+  return {static_cast<size_t>(std::max<int64_t>(0, cap - c.reserved())), static_cast<size_t>(cap)};
 }
 
-void set_allocator_settings(const AllocatorSettings& settings) {
-  std::lock_guard<std::mutex> lock(g_settings_mutex);
-  g_settings = settings;
-}
+// ---- snapshots and history -----------------------------------------------------------------
 
-AllocatorSettings allocator_settings() {
-  std::lock_guard<std::mutex> lock(g_settings_mutex);
-  return g_settings;
-}
-
-std::vector<SegmentSnapshot> memory_snapshot() {
+std::vector<SegmentSnapshot> memory_snapshot(c10::MempoolId_t pool) {
   std::vector<SegmentSnapshot> out;
   for (int d = 0; d < device_count(); ++d) {
-    DevicePool& p = g_pools[d];
-    std::lock_guard<std::mutex> lock(p.mutex);
-    std::unordered_set<const Block*> pending;
-    for (const auto& free : p.pending) {
-      pending.insert(free.block);
-    }
-    for (const auto& [address, b] : p.blocks) {
-      SegmentSnapshot s;
-      s.device = static_cast<c10::DeviceIndex>(d);
-      s.address = reinterpret_cast<uintptr_t>(b->ptr);
-      s.total_size = b->size;
-      s.stream = b->stream;
-      s.is_large = b->size >= kSmallSize;
-      s.adopted = static_cast<bool>(b->adopted);
-      s.block.address = s.address;
-      s.block.size = b->size;
-      s.block.requested_size = b->allocated ? b->requested : 0;
-      s.block.state = b->allocated ? "active_allocated" : (pending.count(b) ? "active_pending_free" : "inactive");
-      out.push_back(std::move(s));
-    }
+    DeviceCache& c = cache(static_cast<c10::DeviceIndex>(d), "memory_snapshot");
+    std::lock_guard<std::mutex> lock(c.mutex);
+    auto segments = c.snapshot_locked(pool);
+    std::move(segments.begin(), segments.end(), std::back_inserter(out));
   }
-  std::sort(out.begin(), out.end(), [](const SegmentSnapshot& a, const SegmentSnapshot& b) {
-    return std::make_pair(a.device, a.address) < std::make_pair(b.device, b.address);
-  });
   return out;
 }
 
 void record_memory_history(bool enabled, size_t max_entries) {
   g_trace_max = max_entries;
   g_trace_enabled = enabled;
-  for (auto& p : g_pools) {
-    std::lock_guard<std::mutex> lock(p.mutex);
+  for (auto& c : g_caches) {
+    std::lock_guard<std::mutex> lock(c.mutex);
     if (!enabled) {
-      p.trace.clear();
+      c.trace.clear();
     }
   }
 }
 
 std::vector<TraceEntry> memory_trace(c10::DeviceIndex device) {
-  DevicePool& p = pool(device, "memory trace");
-  std::lock_guard<std::mutex> lock(p.mutex);
-  return {p.trace.begin(), p.trace.end()};
+  DeviceCache& c = cache(device, "memory trace");
+  std::lock_guard<std::mutex> lock(c.mutex);
+  return {c.trace.begin(), c.trace.end()};
 }
 
+// ---- private pools -----------------------------------------------------------------------------
+
+c10::MempoolId_t new_mempool_id(bool user_created) {
+  const uint64_t uid = g_next_pool_uid.fetch_add(1);
+  return user_created ? c10::MempoolId_t{0, uid} : c10::MempoolId_t{uid, 0};
+}
+
+void create_or_incref_pool(c10::DeviceIndex device, c10::MempoolId_t id, bool no_split, bool use_on_oom) {
+  DeviceCache& c = cache(device, "npu private pool");
+  std::lock_guard<std::mutex> lock(c.mutex);
+  c.create_or_incref_pool_locked(id, no_split, use_on_oom);
+}
+
+void begin_allocate_to_pool(const NpuStream& stream, c10::MempoolId_t id) {
+  DeviceCache& c = cache(stream.device(), "npu private pool");
+  std::lock_guard<std::mutex> lock(c.mutex);
+  c.begin_allocate_to_pool_locked(id, AllocationScope{id, stream.id(), {}});
+}
+
+void begin_allocate_current_thread_to_pool(c10::DeviceIndex device, c10::MempoolId_t id) {
+  DeviceCache& c = cache(device, "npu private pool");
+  std::lock_guard<std::mutex> lock(c.mutex);
+  c.begin_allocate_to_pool_locked(id, AllocationScope{id, -1, std::this_thread::get_id()});
+}
+
+void end_allocate_to_pool(c10::DeviceIndex device, c10::MempoolId_t id) {
+  DeviceCache& c = cache(device, "npu private pool");
+  std::lock_guard<std::mutex> lock(c.mutex);
+  c.end_allocate_to_pool_locked(id);
+}
+
+void release_pool(c10::DeviceIndex device, c10::MempoolId_t id) {
+  DeviceCache& c = cache(device, "npu private pool");
+  std::lock_guard<std::mutex> lock(c.mutex);
+  c.release_pool_locked(id);
+}
+
+int pool_use_count(c10::DeviceIndex device, c10::MempoolId_t id) {
+  DeviceCache& c = cache(device, "npu private pool");
+  std::lock_guard<std::mutex> lock(c.mutex);
+  return c.pool_use_count_locked(id);
+}
+
+std::vector<const void*> pool_live_allocations(c10::DeviceIndex device, c10::MempoolId_t id) {
+  DeviceCache& c = cache(device, "npu private pool");
+  std::lock_guard<std::mutex> lock(c.mutex);
+  return c.pool_live_allocations_locked(id);
+}
+
+c10::MempoolId_t pool_of(c10::DeviceIndex device, const void* ptr) {
+  DeviceCache& c = cache(device, "npu private pool");
+  std::lock_guard<std::mutex> lock(c.mutex);
+  return c.pool_of_locked(ptr);
+}
+
+std::shared_ptr<PoolCheckpoint> checkpoint_pool(c10::DeviceIndex device, c10::MempoolId_t id) {
+  DeviceCache& c = cache(device, "npu private pool checkpoint");
+  maybe_reclaim_deferred_frees();
+  std::lock_guard<std::mutex> lock(c.mutex);
+  return c.checkpoint_pool_locked(id);
+}
+
+RestoredPool restore_pool(const PoolCheckpoint& checkpoint) {
+  DeviceCache& c = cache(checkpoint.device, "npu private pool restore");
+  std::lock_guard<std::mutex> lock(c.mutex);
+  auto [freed, blocks] = c.restore_pool_locked(checkpoint);
+  RestoredPool out;
+  out.freed = std::move(freed);
+  for (Block* b : blocks) {
+    out.allocated.push_back(data_ptr_of(b));
+  }
+  return out;
+}
+
+// ---- blocks lent to CPU kernels ----------------------------------------------------------------
+
+bool is_lent_block(c10::DeviceIndex device, const void* ptr) {
+  DeviceCache& c = g_caches[device];
+  std::lock_guard<std::mutex> lock(c.mutex);
+  const Block* b = c.allocated_block(ptr);
+  return b != nullptr && !b->adopted;
+}
+
+void free_block_at(c10::DeviceIndex device, void* ptr) {
+  Block* b = nullptr;
+  {
+    std::lock_guard<std::mutex> lock(g_caches[device].mutex);
+    b = g_caches[device].allocated_block(ptr);
+  }
+  TORCH_INTERNAL_ASSERT(b != nullptr, "npu free: no block at ", ptr, " on npu:", static_cast<int>(device));
+  free_block(b);
+}
+
+c10::DataPtr claim_block(c10::DeviceIndex device, void* ptr) {
+  Block* b = nullptr;
+  {
+    std::lock_guard<std::mutex> lock(g_caches[device].mutex);
+    b = g_caches[device].allocated_block(ptr);
+  }
+  TORCH_INTERNAL_ASSERT(b != nullptr, "npu claim: no block at ", ptr, " on npu:", static_cast<int>(device));
+  return data_ptr_of(b);
+}
 
 }  // namespace npusim
