@@ -3,7 +3,9 @@
 // normal.Tensor_* arithmetic come from PyTorch's own DistributionTemplates.h,
 // the value transforms from TransformationHelper.h; only the source of the
 // random bits is npusim's. Kernels run on the host after the current
-// stream's earlier work, on the device memory in place.
+// stream's earlier work, on the device memory in place; while the stream is
+// captured they are recorded as tasks that read the graph-safe Philox state
+// when they run (Note [Graph-safe Philox state]).
 #include "generator.h"
 #include "../runtime/stream.h"
 #include "host_transfer.h"
@@ -102,13 +104,21 @@ void philox_fill(const Tensor& self, const PhiloxInputs& in, F value) {
   }
 }
 
-// Takes this op's Philox inputs (host order), then waits for the stream's
-// earlier work before the memory is written.
-PhiloxInputs begin_op(const Tensor& self, const Gen& gen, const char* op) {
+// Runs fill(self, inputs) in stream order: now, on the host after the stream's
+// earlier work, or, while the stream is captured, as a recorded task that
+// reads the graph-safe Philox state when it runs. The Philox state is taken
+// now either way (host order), for `numel` elements.
+template <typename Fill>
+void launch(const Tensor& self, const Gen& gen, const char* op, Fill fill) {
   const c10::DeviceIndex device = npu_device_of(self, gen, op);
-  const PhiloxInputs in = philox_inputs(gen, device, static_cast<uint64_t>(self.numel()));
+  const PhiloxState state = philox_state(gen, device, static_cast<uint64_t>(self.numel()));
+  NpuStream& stream = current_stream(device);
+  if (stream.capture() != nullptr) {
+    stream.enqueue([self, state, fill] { fill(self, state.unpack()); }, 0.0, op);
+    return;
+  }
   wait_current_stream_idle(device);
-  return in;
+  fill(self, state.unpack());
 }
 
 // ---- kernels, in the shape DistributionTemplates.h calls them ---------------
@@ -116,15 +126,15 @@ PhiloxInputs begin_op(const Tensor& self, const Gen& gen, const char* op) {
 template <typename RNG>
 struct UniformKernel {
   void operator()(at::TensorIteratorBase& iter, double from_, double to_, Gen gen) {
-    const Tensor& self = iter.tensor(0);
-    const PhiloxInputs in = begin_op(self, gen, "uniform_");
-    AT_DISPATCH_FLOATING_TYPES_AND2(at::kHalf, at::kBFloat16, self.scalar_type(), "uniform_npu", [&] {
-      const auto from = static_cast<scalar_t>(from_);
-      const auto to = static_cast<scalar_t>(to_);
-      philox_fill<scalar_t>(self, in, [=](const PhiloxBlock& b, int64_t) {
-        const auto value = static_cast<scalar_t>(at::transformation::uniform_real<scalar_t>(b.lo(), from, to));
-        // As CUDA: rounding may reach `to`, which [from, to) excludes.
-        return value == to ? from : value;
+    launch(iter.tensor(0), gen, "uniform_", [from_, to_](const Tensor& self, const PhiloxInputs& in) {
+      AT_DISPATCH_FLOATING_TYPES_AND2(at::kHalf, at::kBFloat16, self.scalar_type(), "uniform_npu", [&] {
+        const auto from = static_cast<scalar_t>(from_);
+        const auto to = static_cast<scalar_t>(to_);
+        philox_fill<scalar_t>(self, in, [=](const PhiloxBlock& b, int64_t) {
+          const auto value = static_cast<scalar_t>(at::transformation::uniform_real<scalar_t>(b.lo(), from, to));
+          // As CUDA: rounding may reach `to`, which [from, to) excludes.
+          return value == to ? from : value;
+        });
       });
     });
   }
@@ -132,14 +142,15 @@ struct UniformKernel {
 
 template <typename RNG>
 struct NormalKernel {
-  void operator()(Tensor& self, double mean, double std, Gen gen) {
-    const PhiloxInputs in = begin_op(self, gen, "normal_");
-    AT_DISPATCH_FLOATING_TYPES_AND2(at::kHalf, at::kBFloat16, self.scalar_type(), "normal_kernel_npu", [&] {
-      using acc_t = at::opmath_type<scalar_t>;
-      const auto m = static_cast<acc_t>(mean);
-      const auto s = static_cast<acc_t>(std);
-      philox_fill<scalar_t>(self, in, [=](const PhiloxBlock& b, int64_t) {
-        return static_cast<scalar_t>(at::transformation::normal(standard_normal<acc_t>(b), m, s));
+  void operator()(Tensor& self_, double mean, double std, Gen gen) {
+    launch(self_, gen, "normal_", [mean, std](const Tensor& self, const PhiloxInputs& in) {
+      AT_DISPATCH_FLOATING_TYPES_AND2(at::kHalf, at::kBFloat16, self.scalar_type(), "normal_kernel_npu", [&] {
+        using acc_t = at::opmath_type<scalar_t>;
+        const auto m = static_cast<acc_t>(mean);
+        const auto s = static_cast<acc_t>(std);
+        philox_fill<scalar_t>(self, in, [=](const PhiloxBlock& b, int64_t) {
+          return static_cast<scalar_t>(at::transformation::normal(standard_normal<acc_t>(b), m, s));
+        });
       });
     });
   }
@@ -148,15 +159,15 @@ struct NormalKernel {
 template <typename RNG>
 struct LogNormalKernel {
   void operator()(at::TensorIteratorBase& iter, double mean, double std, Gen gen) {
-    const Tensor& self = iter.tensor(0);
-    const PhiloxInputs in = begin_op(self, gen, "log_normal_");
-    AT_DISPATCH_FLOATING_TYPES_AND2(at::kHalf, at::kBFloat16, self.scalar_type(), "log_normal_npu", [&] {
-      using acc_t = at::opmath_type<scalar_t>;
-      const auto m = static_cast<acc_t>(mean);
-      const auto s = static_cast<acc_t>(std);
-      philox_fill<scalar_t>(self, in, [=](const PhiloxBlock& b, int64_t) {
-        return static_cast<scalar_t>(
-            at::transformation::log_normal(at::transformation::normal(standard_normal<acc_t>(b), m, s)));
+    launch(iter.tensor(0), gen, "log_normal_", [mean, std](const Tensor& self, const PhiloxInputs& in) {
+      AT_DISPATCH_FLOATING_TYPES_AND2(at::kHalf, at::kBFloat16, self.scalar_type(), "log_normal_npu", [&] {
+        using acc_t = at::opmath_type<scalar_t>;
+        const auto m = static_cast<acc_t>(mean);
+        const auto s = static_cast<acc_t>(std);
+        philox_fill<scalar_t>(self, in, [=](const PhiloxBlock& b, int64_t) {
+          return static_cast<scalar_t>(
+              at::transformation::log_normal(at::transformation::normal(standard_normal<acc_t>(b), m, s)));
+        });
       });
     });
   }
@@ -169,11 +180,12 @@ struct ExponentialKernel {
     TORCH_CHECK(at::isFloatingType(self.scalar_type()),
         "Exponential distribution is a continuous probability distribution. dtype must be a floating point "
         "but you specified ", self.dtype());
-    const PhiloxInputs in = begin_op(self, gen, "exponential_");
-    AT_DISPATCH_FLOATING_TYPES_AND2(at::kHalf, at::kBFloat16, self.scalar_type(), "exponential_npu", [&] {
-      philox_fill<scalar_t>(self, in, [=](const PhiloxBlock& b, int64_t) {
-        // u in (0, 1): never 0, as CUDA's exponential_ (a 0 breaks gumbel_softmax's log).
-        return static_cast<scalar_t>(at::transformation::exponential(open_unit(b.lo()), lambda));
+    launch(self, gen, "exponential_", [lambda](const Tensor& out, const PhiloxInputs& in) {
+      AT_DISPATCH_FLOATING_TYPES_AND2(at::kHalf, at::kBFloat16, out.scalar_type(), "exponential_npu", [&] {
+        philox_fill<scalar_t>(out, in, [=](const PhiloxBlock& b, int64_t) {
+          // u in (0, 1): never 0, as CUDA's exponential_ (a 0 breaks gumbel_softmax's log).
+          return static_cast<scalar_t>(at::transformation::exponential(open_unit(b.lo()), lambda));
+        });
       });
     });
   }
@@ -182,11 +194,11 @@ struct ExponentialKernel {
 template <typename RNG>
 struct GeometricKernel {
   void operator()(at::TensorIteratorBase& iter, double p, Gen gen) {
-    const Tensor& self = iter.tensor(0);
-    const PhiloxInputs in = begin_op(self, gen, "geometric_");
-    AT_DISPATCH_ALL_TYPES_AND2(at::kHalf, at::kBFloat16, self.scalar_type(), "geometric_npu", [&] {
-      philox_fill<scalar_t>(self, in, [=](const PhiloxBlock& b, int64_t) {
-        return static_cast<scalar_t>(at::transformation::geometric(open_unit(b.lo()), p));
+    launch(iter.tensor(0), gen, "geometric_", [p](const Tensor& self, const PhiloxInputs& in) {
+      AT_DISPATCH_ALL_TYPES_AND2(at::kHalf, at::kBFloat16, self.scalar_type(), "geometric_npu", [&] {
+        philox_fill<scalar_t>(self, in, [=](const PhiloxBlock& b, int64_t) {
+          return static_cast<scalar_t>(at::transformation::geometric(open_unit(b.lo()), p));
+        });
       });
     });
   }
@@ -195,11 +207,11 @@ struct GeometricKernel {
 template <typename RNG>
 struct CauchyKernel {
   void operator()(at::TensorIteratorBase& iter, double median, double sigma, Gen gen) {
-    const Tensor& self = iter.tensor(0);
-    const PhiloxInputs in = begin_op(self, gen, "cauchy_");
-    AT_DISPATCH_FLOATING_TYPES_AND2(at::kHalf, at::kBFloat16, self.scalar_type(), "cauchy_npu", [&] {
-      philox_fill<scalar_t>(self, in, [=](const PhiloxBlock& b, int64_t) {
-        return static_cast<scalar_t>(at::transformation::cauchy(open_unit(b.lo()), median, sigma));
+    launch(iter.tensor(0), gen, "cauchy_", [median, sigma](const Tensor& self, const PhiloxInputs& in) {
+      AT_DISPATCH_FLOATING_TYPES_AND2(at::kHalf, at::kBFloat16, self.scalar_type(), "cauchy_npu", [&] {
+        philox_fill<scalar_t>(self, in, [=](const PhiloxBlock& b, int64_t) {
+          return static_cast<scalar_t>(at::transformation::cauchy(open_unit(b.lo()), median, sigma));
+        });
       });
     });
   }
@@ -208,11 +220,11 @@ struct CauchyKernel {
 template <typename RNG>
 struct RandomKernel {
   void operator()(at::TensorIteratorBase& iter, Gen gen) {
-    const Tensor& self = iter.tensor(0);
-    const PhiloxInputs in = begin_op(self, gen, "random_");
-    AT_DISPATCH_ALL_TYPES_AND3(at::kBool, at::kHalf, at::kBFloat16, self.scalar_type(), "random_kernel_npu", [&] {
-      philox_fill<scalar_t>(self, in, [](const PhiloxBlock& b, int64_t) {
-        return at::transformation::uniform_int<scalar_t>(b.lo());
+    launch(iter.tensor(0), gen, "random_", [](const Tensor& self, const PhiloxInputs& in) {
+      AT_DISPATCH_ALL_TYPES_AND3(at::kBool, at::kHalf, at::kBFloat16, self.scalar_type(), "random_kernel_npu", [&] {
+        philox_fill<scalar_t>(self, in, [](const PhiloxBlock& b, int64_t) {
+          return at::transformation::uniform_int<scalar_t>(b.lo());
+        });
       });
     });
   }
@@ -221,33 +233,34 @@ struct RandomKernel {
 template <typename RNG>
 struct RandomFromToKernel {
   void operator()(at::TensorIteratorBase& iter, uint64_t range, int64_t base, Gen gen) {
-    const Tensor& self = iter.tensor(0);
-    const PhiloxInputs in = begin_op(self, gen, "random_");
-    AT_DISPATCH_V2(self.scalar_type(), "random_from_to_kernel_npu", AT_WRAP([&] {
-      philox_fill<scalar_t>(self, in, [=](const PhiloxBlock& b, int64_t) {
-        return at::transformation::uniform_int_from_to<scalar_t>(b.lo(), range, base);
-      });
-    }), AT_EXPAND(AT_ALL_TYPES), at::kBool, at::kHalf, at::kBFloat16, AT_EXPAND(AT_BAREBONES_UNSIGNED_TYPES));
+    launch(iter.tensor(0), gen, "random_", [range, base](const Tensor& self, const PhiloxInputs& in) {
+      AT_DISPATCH_V2(self.scalar_type(), "random_from_to_kernel_npu", AT_WRAP([&] {
+        philox_fill<scalar_t>(self, in, [=](const PhiloxBlock& b, int64_t) {
+          return at::transformation::uniform_int_from_to<scalar_t>(b.lo(), range, base);
+        });
+      }), AT_EXPAND(AT_ALL_TYPES), at::kBool, at::kHalf, at::kBFloat16, AT_EXPAND(AT_BAREBONES_UNSIGNED_TYPES));
+    });
   }
   // [int64 min, int64 max]: the whole 64-bit range.
   void operator()(at::TensorIteratorBase& iter, Gen gen) {
-    const Tensor& self = iter.tensor(0);
-    const PhiloxInputs in = begin_op(self, gen, "random_");
-    AT_DISPATCH_V2(self.scalar_type(), "random_full_64_bits_range_kernel_npu", AT_WRAP([&] {
-      philox_fill<scalar_t>(self, in, [](const PhiloxBlock& b, int64_t) {
-        return at::transformation::uniform_int_full_range<scalar_t>(b.lo());
-      });
-    }), at::kLong, at::kDouble, at::kFloat, at::kBFloat16);
+    launch(iter.tensor(0), gen, "random_", [](const Tensor& self, const PhiloxInputs& in) {
+      AT_DISPATCH_V2(self.scalar_type(), "random_full_64_bits_range_kernel_npu", AT_WRAP([&] {
+        philox_fill<scalar_t>(self, in, [](const PhiloxBlock& b, int64_t) {
+          return at::transformation::uniform_int_full_range<scalar_t>(b.lo());
+        });
+      }), at::kLong, at::kDouble, at::kFloat, at::kBFloat16);
+    });
   }
 };
 
 template <typename RNG>
 struct BernoulliScalarKernel {
-  void operator()(const Tensor& self, double p, Gen gen) {
-    const PhiloxInputs in = begin_op(self, gen, "bernoulli_");
-    AT_DISPATCH_ALL_TYPES_AND3(at::kBool, at::kHalf, at::kBFloat16, self.scalar_type(), "bernoulli_scalar_npu_", [&] {
-      philox_fill<scalar_t>(self, in, [=](const PhiloxBlock& b, int64_t) {
-        return static_cast<scalar_t>(at::transformation::bernoulli(unit(b.lo()), p));
+  void operator()(const Tensor& self_, double p, Gen gen) {
+    launch(self_, gen, "bernoulli_", [p](const Tensor& self, const PhiloxInputs& in) {
+      AT_DISPATCH_ALL_TYPES_AND3(at::kBool, at::kHalf, at::kBFloat16, self.scalar_type(), "bernoulli_scalar_npu_", [&] {
+        philox_fill<scalar_t>(self, in, [=](const PhiloxBlock& b, int64_t) {
+          return static_cast<scalar_t>(at::transformation::bernoulli(unit(b.lo()), p));
+        });
       });
     });
   }
@@ -255,24 +268,37 @@ struct BernoulliScalarKernel {
 
 template <typename RNG>
 struct BernoulliTensorKernel {
-  void operator()(const Tensor& self, const Tensor& p_, Gen gen) {
-    const c10::DeviceIndex device = npu_device_of(self, gen, "bernoulli_");
+  void operator()(const Tensor& self_, const Tensor& p_, Gen gen) {
+    const c10::DeviceIndex device = npu_device_of(self_, gen, "bernoulli_");
     // As CUDA, p may live on another device (or the host): it is copied over.
-    const Tensor p_dev = p_.device() == self.device() ? p_ : p_.to(self.device());
+    const Tensor p_dev = p_.device() == self_.device() ? p_ : p_.to(self_.device());
     AT_DISPATCH_FLOATING_TYPES_AND2(at::kHalf, at::kBFloat16, p_dev.scalar_type(), "bernoulli_tensor_npu_p_", [] {});
-    wait_current_stream_idle(device);  // p may still be being written
+    Tensor checked;  // eager: p read and checked before the generator advances
+    if (current_stream(device).capture() == nullptr) {
+      wait_current_stream_idle(device);  // p may still be being written
+      checked = probabilities(p_dev, self_);
+    }
+    // In a capture p is read (and checked) when the recorded fill runs.
+    launch(self_, gen, "bernoulli_", [p_dev, checked](const Tensor& self, const PhiloxInputs& in) {
+      const Tensor p = checked.defined() ? checked : probabilities(p_dev, self);
+      const double* probs = p.const_data_ptr<double>();
+      AT_DISPATCH_ALL_TYPES_AND3(at::kBool, at::kHalf, at::kBFloat16, self.scalar_type(), "bernoulli_tensor_npu_self_", [&] {
+        philox_fill<scalar_t>(self, in, [=](const PhiloxBlock& b, int64_t i) {
+          return static_cast<scalar_t>(at::transformation::bernoulli(unit(b.lo()), probs[i]));
+        });
+      });
+    });
+  }
+
+  // p broadcast to self's shape as doubles, each checked to lie in [0, 1].
+  static Tensor probabilities(const Tensor& p_dev, const Tensor& self) {
     const Tensor p = cpu_alias(p_dev).expand(self.sizes()).to(at::kDouble).contiguous();
     const double* probs = p.const_data_ptr<double>();
     for (int64_t i = 0; i < p.numel(); ++i) {
       TORCH_CHECK(probs[i] >= 0 && probs[i] <= 1,
           "bernoulli_: expected every element of p in [0, 1], but got p=", probs[i], " at flat index ", i);
     }
-    const PhiloxInputs in = philox_inputs(gen, device, static_cast<uint64_t>(self.numel()));
-    AT_DISPATCH_ALL_TYPES_AND3(at::kBool, at::kHalf, at::kBFloat16, self.scalar_type(), "bernoulli_tensor_npu_self_", [&] {
-      philox_fill<scalar_t>(self, in, [=](const PhiloxBlock& b, int64_t i) {
-        return static_cast<scalar_t>(at::transformation::bernoulli(unit(b.lo()), probs[i]));
-      });
-    });
+    return p;
   }
 };
 

@@ -1,21 +1,24 @@
-// NPU graphs: capture of the device work issued on a stream, replay of it as
-// one stream task, and the graph's private memory pool.
+// NPU graphs: capture of the device work issued on a stream (and the streams
+// that join it), replay of it on stream workers, and the graph's private
+// memory pool.
 #include "graph.h"
 
 #include "capture.h"
 #include "op_recorder.h"
+#include "replay.h"
 
 #include "../aten/fallback.h"
+#include "../aten/generator.h"
 #include "../runtime/device_allocator.h"
 
 #include <ATen/ATen.h>
 #include <ATen/core/GraphImplInterface.h>
 #include <c10/util/Exception.h>
 
+#include <algorithm>
 #include <fstream>
 #include <map>
 #include <mutex>
-#include <unordered_map>
 
 namespace npusim {
 
@@ -23,32 +26,33 @@ namespace npusim {
 // A stream is a FIFO of host functions run by its worker (runtime/stream.h).
 // While a graph captures a stream (the graph sets itself as the stream's
 // StreamCapture), NpuStream::enqueue appends the function to the graph
-// instead of queueing it: copies, foreach copies, batched memcpy and
-// event records issued on that stream are recorded without running, as on
-// CUDA. Compute does not go through enqueue (the boxed fallback runs CPU
-// kernels synchronously), so the fallback asks the op capture hook first
+// instead of queueing it: copies, foreach copies, batched memcpy and the
+// random ops' fills issued on that stream are recorded without running, as
+// on CUDA (random ops read the graph-safe Philox state when they run: Note
+// [Graph-safe Philox state]); event records and waits are nodes that order
+// the lanes of the streams that join the capture (Note [Multi-stream
+// capture]). Compute does not go through enqueue (the boxed fallback runs
+// CPU kernels synchronously), so the fallback asks the op capture hook first
 // (capture_fallback_op, op_recorder.cpp, which the graph installs when a
 // capture begins): it walks the op's arguments under the fallback's device
-// rules (aten/op_arguments.h), and on a capturing stream the op is run on the Meta device to learn its output
-// sizes, strides and dtypes; fresh outputs are allocated from the graph's
-// pool (in-place and out= outputs are the arguments themselves; views of
-// arguments are views of the same device storage), and a task is recorded
-// that calls the op's CPU kernel boxed on CPU aliases of the arguments and
-// copies its fresh results into those pool outputs. Replay enqueues the whole
-// list as ONE task on the current stream, so the host cost of a replay does
-// not grow with the number of ops, and the work runs in capture order on the
-// stream worker, asynchronously to the host. Ops whose output shapes depend
-// on data (nonzero, masked_select) or that lack a meta kernel cannot be
-// captured and raise. A host wait on the capturing stream (synchronize,
-// .item(), .cpu(), a blocking host->device copy) raises CUDA's "operation not
-// permitted when stream is capturing" and invalidates the capture, which
-// capture_end then reports. Like CUDA, the graph works on the tensors it saw
-// at capture: later replays read whatever those addresses hold then.
-// Collectives cannot be captured (the collective backend raises).
+// rules (aten/op_arguments.h), and on a capturing stream the op is run on the
+// Meta device to learn its output sizes, strides and dtypes; fresh outputs are
+// allocated from the graph's pool (in-place and out= outputs are the
+// arguments themselves; views of arguments are views of the same device
+// storage), and a task is recorded that calls the op's CPU kernel boxed on CPU
+// aliases of the arguments and copies its fresh results into those pool
+// outputs. Replay runs the lanes on stream workers (Note [Replaying the
+// lanes]). Ops whose output shapes depend on data (nonzero, masked_select) or
+// that lack a meta kernel cannot be captured and raise. A host wait or query
+// of a captured stream or event raises CUDA's error and invalidates the
+// capture, which capture_end then reports (Note [Capture-time refusals]).
+// Like CUDA, the graph works on the tensors it saw at capture: later replays
+// read whatever those addresses hold then. Collectives cannot be captured (the
+// collective backend raises).
 
 // Note [NPU graph memory]
-// Every device allocation made while the current stream is capturing comes
-// from the graph's pool: a block of the ordinary device allocator that the
+// Every device allocation made while the current stream belongs to a capture
+// (its origin or a stream that joined it) comes from the graph's pool: a block of the ordinary device allocator that the
 // pool keeps alive (with any tensor still using it) until the pool goes
 // away, so outputs and temporaries keep their addresses across replays and
 // replays allocate nothing. Unlike CUDA's private pools, blocks freed during
@@ -79,49 +83,20 @@ std::shared_ptr<GraphPool> pool_for(c10::MempoolId_t id) {
   return pool;
 }
 
+CaptureMode capture_mode(const std::string& mode) {
+  if (mode == "thread_local") {
+    return CaptureMode::kThreadLocal;
+  }
+  if (mode == "relaxed") {
+    return CaptureMode::kRelaxed;
+  }
+  TORCH_CHECK(mode == "default" || mode == "global",
+      "NPUGraph.capture_begin: capture_error_mode must be one of 'default', 'global', "
+      "'thread_local', 'relaxed'; got '", mode, "'");
+  return CaptureMode::kGlobal;
+}
+
 }  // namespace
-
-// ---- the capture and its pool --------------------------------------------------
-
-c10::DataPtr GraphPool::allocate(c10::DeviceIndex device, size_t nbytes) {
-  auto block = std::make_shared<c10::DataPtr>(allocate_device(device, nbytes));
-  void* ptr = block->get();
-  {
-    std::lock_guard<std::mutex> lock(mutex);
-    blocks.push_back(block);
-  }
-  // The tensor shares ownership: a pool dropped by reset() must not free
-  // memory that a static output still points to.
-  auto* owner = new std::shared_ptr<c10::DataPtr>(std::move(block));
-  return c10::DataPtr(ptr, owner,
-      [](void* ctx) { delete static_cast<std::shared_ptr<c10::DataPtr>*>(ctx); },
-      c10::Device(c10::DeviceType::PrivateUse1, device));
-}
-
-void GraphCapture::append(GraphTask task) {
-  std::lock_guard<std::mutex> lock(mutex);
-  tasks.push_back(std::move(task));
-}
-
-void GraphCapture::invalidate(const std::string& message) {
-  {
-    std::lock_guard<std::mutex> lock(mutex);
-    if (invalidated.empty()) {
-      invalidated = message;
-    }
-  }
-  TORCH_CHECK(false, message);
-}
-
-void GraphCapture::add_task(std::function<void()> fn, double duration_us, const char*) {
-  append(GraphTask{std::move(fn), duration_us, "stream task"});
-}
-
-void GraphCapture::refuse_host_wait(const NpuStream& stream, const char* op) {
-  invalidate(c10::str("operation not permitted when stream is capturing: ", op,
-      " waits on ", stream.name(), ", which an npu graph is capturing (no host synchronization "
-      "or host read of device data is possible during capture)"));
-}
 
 // ---- the graph --------------------------------------------------------------
 
@@ -136,18 +111,14 @@ bool stream_is_capturing(const NpuStream& stream) {
 NpuGraph::NpuGraph() = default;
 
 NpuGraph::~NpuGraph() {
-  if (capture_) {
-    end_capture();  // destroyed mid-capture (an exception unwound the capture)
-  }
+  reset();  // also ends a capture an exception unwound
 }
 
 void NpuGraph::capture_begin(c10::MempoolId_t pool, const std::string& mode) {
-  TORCH_CHECK(!capture_, "NPUGraph.capture_begin: this graph is already capturing on ", stream_->name());
-  TORCH_CHECK(!tasks_, "NPUGraph.capture_begin: this graph already holds a captured graph; "
+  TORCH_CHECK(!capture_, "NPUGraph.capture_begin: this graph is already capturing on ", capture_->origin().name());
+  TORCH_CHECK(!graph_, "NPUGraph.capture_begin: this graph already holds a captured graph; "
       "call reset() or create a new NPUGraph to capture again");
-  TORCH_CHECK(mode == "default" || mode == "global" || mode == "thread_local" || mode == "relaxed",
-      "NPUGraph.capture_begin: capture_error_mode must be one of 'default', 'global', "
-      "'thread_local', 'relaxed'; got '", mode, "'");
+  const CaptureMode error_mode = capture_mode(mode);
   const c10::DeviceIndex device = current_device();
   NpuStream& stream = current_stream(device);
   // As CUDA: capture needs a side stream; replay may then run on any stream.
@@ -156,64 +127,89 @@ void NpuGraph::capture_begin(c10::MempoolId_t pool, const std::string& mode) {
       "`with torch.npu.stream(torch.npu.Stream())`. Replay may then run on the default stream.");
   TORCH_CHECK(stream.capture() == nullptr, "NPUGraph.capture_begin: ", stream.name(),
       " is already being captured by another graph");
-  capture_ = std::make_unique<GraphCapture>();
-  capture_->pool = pool_for(pool);
-  capture_->stream = &stream;
-  stream_ = &stream;
   device_ = device;
-  pool_ = capture_->pool;
+  pool_ = pool_for(pool);
   // The graph calls down into the floors below (as CUDA's capture_begin calls
   // beginAllocateToPool): the fallback records ops, the allocator serves
-  // the stream's allocations from the pool, the stream records its tasks.
+  // the capture's allocations from the pool, the streams record their tasks.
   set_op_capture_hook(&capture_fallback_op);
-  begin_allocate_to_pool(stream, pool_.get());
-  stream.set_capture(capture_.get());
+  capture_ = std::make_unique<GraphCapture>(this, stream, pool_, error_mode);
+  for (const auto& client : registered_) {
+    capture_->add_client(client);
+  }
+  register_capture(capture_.get());
 }
 
 void NpuGraph::end_capture() {
-  stream_->set_capture(nullptr);
-  end_allocate_to_pool(*stream_);
+  unregister_capture(capture_.get());
+  capture_->leave_streams();
+}
+
+void NpuGraph::forget_clients() {
+  for (const auto& [client, increment] : clients_) {
+    client->capture_destroyed(capture_id_);
+  }
+  clients_.clear();
 }
 
 void NpuGraph::capture_end() {
   TORCH_CHECK(capture_, "NPUGraph.capture_end: no capture is underway (call capture_begin first)");
+  const NpuStream& origin = capture_->origin();
   NpuStream& current = current_stream(device_);
-  TORCH_CHECK(&current == stream_, "NPUGraph.capture_end: capture must end on the stream it began on (",
-      stream_->name(), "), but the current stream is ", current.name());
+  TORCH_CHECK(&current == &origin, "NPUGraph.capture_end: capture must end on the stream it began on (",
+      origin.name(), "), but the current stream is ", current.name());
   end_capture();
   std::unique_ptr<GraphCapture> capture = std::move(capture_);
-  if (!capture->invalidated.empty()) {
+  capture_id_ = capture->id();
+  for (const auto& client : capture->clients()) {
+    clients_.emplace_back(client, client->capture_epilogue(capture_id_));
+  }
+  const std::string invalidated = capture->invalidated();
+  const std::string unjoined = invalidated.empty() ? capture->unjoined() : "";
+  if (!invalidated.empty() || !unjoined.empty()) {
+    forget_clients();
     pool_.reset();
-    TORCH_CHECK(false, "NPUGraph.capture_end: the capture on ", stream_->name(),
-        " was invalidated by a call that is not permitted during capture: ", capture->invalidated);
+    TORCH_CHECK(invalidated.empty(), "NPUGraph.capture_end: the capture on ", origin.name(),
+        " was invalidated by a call that is not permitted during capture: ", invalidated);
+    TORCH_CHECK(false, "NPUGraph.capture_end: ", unjoined);
   }
-  if (capture->tasks.empty()) {
-    TORCH_WARN("The npu graph is empty: nothing was issued on ", stream_->name(),
-        " during capture (work on another stream or device is not captured).");
+  const size_t num_records = capture->num_records();
+  std::vector<std::pair<size_t, size_t>> order = capture->take_issue_order();
+  graph_ = make_captured_graph(device_, capture->take_lanes(), num_records, std::move(order));
+  if (graph_->num_tasks() == 0) {
+    TORCH_WARN("The npu graph is empty: nothing was issued on ", origin.name(),
+        " during capture (work on another device, or on a stream that did not wait on the capturing "
+        "stream, is not captured).");
   }
-  tasks_ = std::make_shared<const std::vector<GraphTask>>(std::move(capture->tasks));
 }
 
 void NpuGraph::replay() {
-  TORCH_CHECK(tasks_, "NPUGraph.replay: the graph has not been captured (call capture_begin and "
+  TORCH_CHECK(graph_, "NPUGraph.replay: the graph has not been captured (call capture_begin and "
       "capture_end, or use `with torch.npu.graph(g)`, first)");
-  current_stream(device_).enqueue([tasks = tasks_] {
-    for (const GraphTask& task : *tasks) {
-      if (task.duration_us > 0) {  // the timing model's duration, as on a stream
-        std::this_thread::sleep_for(std::chrono::duration_cast<std::chrono::steady_clock::duration>(
-            std::chrono::duration<double, std::micro>(task.duration_us)));
-      }
-      task.fn();
+  NpuStream& stream = current_stream(device_);
+  TORCH_CHECK(stream.capture() == nullptr || (graph_->lanes.size() == 1 && clients_.empty()),
+      "NPUGraph.replay: cannot replay a graph of several streams or with random ops into ", stream.name(),
+      ", which is being captured");
+  std::vector<std::function<void()>> prologue;
+  for (const auto& [client, increment] : clients_) {
+    if (auto fn = client->replay_prologue(capture_id_, increment)) {
+      prologue.push_back(std::move(fn));
     }
-  });
+  }
+  enqueue_replay(graph_, stream, std::move(prologue));
 }
 
 void NpuGraph::reset() {
   if (capture_) {
     end_capture();
+    capture_id_ = capture_->id();
+    for (const auto& client : capture_->clients()) {
+      clients_.emplace_back(client, 0);
+    }
     capture_.reset();
   }
-  tasks_.reset();
+  forget_clients();
+  graph_.reset();
   pool_.reset();
 }
 
@@ -223,18 +219,48 @@ c10::MempoolId_t NpuGraph::pool() const {
 }
 
 size_t NpuGraph::num_tasks() const {
-  return tasks_ ? tasks_->size() : 0;
+  return graph_ ? graph_->num_tasks() : 0;
+}
+
+void NpuGraph::register_generator_state(const at::Generator& generator) {
+  std::shared_ptr<CaptureClient> state = npu_generator(generator, "NPUGraph.register_generator_state")->state();
+  if (std::find(registered_.begin(), registered_.end(), state) == registered_.end()) {
+    registered_.push_back(state);
+  }
+  if (capture_) {
+    capture_->add_client(state);
+  }
+}
+
+NpuGraph* NpuGraph::get_currently_capturing_graph() {
+  StreamCapture* capture = current_stream(current_device()).capture();
+  TORCH_CHECK(capture != nullptr, "The current stream is not currently capturing.");
+  auto* graph_capture = dynamic_cast<GraphCapture*>(capture);
+  TORCH_CHECK(graph_capture != nullptr && graph_capture->graph() != nullptr,
+      "get_currently_capturing_graph() can be used only between capture_begin() and capture_end().");
+  return graph_capture->graph();
 }
 
 void NpuGraph::debug_dump(const std::string& path) const {
-  TORCH_CHECK(debug_, "NPUGraph.debug_dump: call enable_debug_mode() before capture_begin");
-  TORCH_CHECK(tasks_, "NPUGraph.debug_dump: the graph has not been captured");
+  if (!debug_) {
+    TORCH_WARN("NPU Graphs debug not enabled, set with [graph].enable_debug_mode()");
+    return;
+  }
+  TORCH_CHECK(graph_, "NPUGraph.debug_dump: the graph has not been captured");
   std::ofstream out(path);
   TORCH_CHECK(out, "NPUGraph.debug_dump: cannot write ", path);
   out << "npu graph on npu:" << static_cast<int>(device_) << ", pool (" << pool_->id.first << ", "
-      << pool_->id.second << "), " << tasks_->size() << " tasks\n";
-  for (size_t i = 0; i < tasks_->size(); ++i) {
-    out << i << "\t" << (*tasks_)[i].label << "\t" << (*tasks_)[i].duration_us << " us\n";
+      << pool_->id.second << "), " << graph_->lanes.size() << " lanes, " << graph_->num_tasks() << " tasks\n";
+  for (size_t l = 0; l < graph_->lanes.size(); ++l) {
+    const GraphLane& lane = graph_->lanes[l];
+    for (size_t i = 0; i < lane.tasks.size(); ++i) {
+      const GraphTask& t = lane.tasks[i];
+      out << "lane " << l << " (" << lane.stream->name() << ")\t" << i << "\t" << t.label;
+      if (t.kind != GraphTask::Kind::kRun) {
+        out << " " << t.record;
+      }
+      out << "\t" << t.duration_us << " us\n";
+    }
   }
 }
 

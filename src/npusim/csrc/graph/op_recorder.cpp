@@ -5,6 +5,7 @@
 
 #include "capture.h"
 
+#include "../aten/generator.h"
 #include "../aten/host_transfer.h"
 #include "../aten/op_arguments.h"
 #include "../runtime/device_allocator.h"
@@ -40,14 +41,17 @@ class OpRecorder {
     return rules_.device();
   }
 
-  // Runs the op on Meta; returns the device outputs and records the task.
-  std::vector<c10::IValue> record(GraphCapture& capture) {
+  // Runs the op on Meta; returns the device outputs and records the task
+  // into `stream`'s lane of `capture`.
+  std::vector<c10::IValue> record(GraphCapture& capture, const NpuStream& stream) {
     capture_ = &capture;
     device_ = device();
+    std::vector<std::pair<size_t, PhiloxState>> generators;
     for (size_t i = 0; i < generator_slots_.size(); ++i) {
       if (generator_slots_[i]) {
-        // As the eager fallback does: a CPU generator seeded from the npu one.
-        cpu_args_[i] = c10::IValue(cpu_generator_argument(cpu_args_[i], rules_));
+        // As the eager fallback does, a CPU generator seeded from the npu one,
+        // when the task runs (Note [Graph-safe Philox state]).
+        generators.emplace_back(i, cpu_generator_argument_state(cpu_args_[i], rules_));
       }
     }
     const std::string name = c10::toString(op_.schema().operator_name());
@@ -85,9 +89,9 @@ class OpRecorder {
             " returns a host value computed from device data");
       }
     }
-    auto call = std::make_shared<Call>(Call{op_, std::move(cpu_args_), std::move(fresh_),
+    auto call = std::make_shared<Call>(Call{op_, std::move(cpu_args_), std::move(generators), std::move(fresh_),
         std::move(keep_alive_), device_});
-    capture_->append(GraphTask{[call] { call->run(); }, 0.0, name});
+    capture_->append(stream, GraphTask{[call] { call->run(); }, 0.0, name});
     return outputs;
   }
 
@@ -100,12 +104,16 @@ class OpRecorder {
   struct Call {
     c10::OperatorHandle op;
     std::vector<c10::IValue> args;
+    std::vector<std::pair<size_t, PhiloxState>> generators;  // (argument, its npu generator's state)
     std::vector<Fresh> fresh;
     std::vector<c10::Storage> keep_alive;  // the device memory the call reads and writes
     c10::DeviceIndex device;
 
     void run() const {
       torch::jit::Stack stack(args);
+      for (const auto& [i, state] : generators) {
+        stack[i] = c10::IValue(cpu_generator_from(state.unpack()));
+      }
       const c10::DeviceGuard guard(c10::Device(kNpu, device));
       op.redispatchBoxed(c10::DispatchKeySet(c10::DispatchKey::CPU), &stack);
       for (const Fresh& f : fresh) {
@@ -120,7 +128,7 @@ class OpRecorder {
   }
 
   [[noreturn]] void invalidate(const std::string& message) {
-    capture_->invalidate(message);
+    capture_->refuse(message);
   }
 
   // map_argument's callbacks for the two forms; both walk the same
@@ -202,7 +210,7 @@ class OpRecorder {
     if (fresh == fresh_storages_.end()) {
       const size_t nbytes = meta.storage().nbytes();
       c10::Storage storage(c10::Storage::use_byte_size_t(), nbytes,
-          capture_->pool->allocate(device_, nbytes), device_allocator(), /*resizable=*/true);
+          capture_->pool()->allocate(device_, nbytes), device_allocator(), /*resizable=*/true);
       fresh = fresh_storages_.emplace(key, storage).first;
       keep_alive_.push_back(storage);
     }
@@ -237,11 +245,12 @@ bool capture_fallback_op(const c10::OperatorHandle& op, torch::jit::Stack* stack
   for (size_t i = 0; i < arguments.size(); ++i) {
     recorder.add_argument((*stack)[first + i], arguments[i]);
   }
-  auto* capture = dynamic_cast<GraphCapture*>(current_stream(recorder.device()).capture());
+  NpuStream& stream = current_stream(recorder.device());
+  auto* capture = dynamic_cast<GraphCapture*>(stream.capture());
   if (capture == nullptr) {
     return false;
   }
-  std::vector<c10::IValue> outputs = recorder.record(*capture);
+  std::vector<c10::IValue> outputs = recorder.record(*capture, stream);
   stack->erase(stack->begin() + static_cast<std::ptrdiff_t>(first), stack->end());
   for (c10::IValue& v : outputs) {
     stack->push_back(std::move(v));

@@ -3,6 +3,8 @@
 
 #include "../graph/graph.h"
 
+#include <torch/csrc/Exceptions.h>
+
 namespace py = pybind11;
 
 namespace npusim {
@@ -10,13 +12,16 @@ namespace npusim {
 void init_graph_bindings(py::module& m) {
   using release = py::call_guard<py::gil_scoped_release>;
 
-  // graphs (aclmdlRI capture / replay; See Note [NPU graph capture])
+  // graphs (aclmdlRI capture / replay; See Note [NPU graph capture]). Python's
+  // NPUGraph subclasses this class, so get_currently_capturing_graph returns the
+  // user's NPUGraph object (pybind finds the instance that owns the graph).
   py::class_<npusim::NpuGraph>(m, "NpuGraph")
       .def(py::init<>())
       .def("capture_begin", [](npusim::NpuGraph& g, std::pair<uint64_t, uint64_t> pool, const std::string& mode) {
         g.capture_begin({pool.first, pool.second}, mode);
       })
-      .def("capture_end", &npusim::NpuGraph::capture_end)
+      // TORCH_WARN as Python warnings (an empty graph, debug_dump without debug mode)
+      .def("capture_end", torch::wrap_pybind_function([](npusim::NpuGraph& g) { g.capture_end(); }))
       .def("replay", &npusim::NpuGraph::replay, release())
       .def("reset", &npusim::NpuGraph::reset)
       .def("pool", [](const npusim::NpuGraph& g) {
@@ -26,7 +31,11 @@ void init_graph_bindings(py::module& m) {
       .def("num_tasks", &npusim::NpuGraph::num_tasks)
       .def("captured", &npusim::NpuGraph::captured)
       .def("enable_debug_mode", &npusim::NpuGraph::enable_debug_mode)
-      .def("debug_dump", &npusim::NpuGraph::debug_dump);
+      .def("debug_dump", torch::wrap_pybind_function(
+          [](const npusim::NpuGraph& g, const std::string& path) { g.debug_dump(path); }))
+      .def("register_generator_state", &npusim::NpuGraph::register_generator_state)
+      .def_static("get_currently_capturing_graph", &npusim::NpuGraph::get_currently_capturing_graph,
+          py::return_value_policy::reference);
   m.def("graph_pool_handle", [] {
     const c10::MempoolId_t id = npusim::graph_pool_handle();
     return py::make_tuple(id.first, id.second);

@@ -117,16 +117,20 @@ void init_runtime_bindings(py::module& m) {
   });
   m.def("synchronize_stream",
       [](int64_t id, int device, double timeout_s) {
-        npusim::stream_for(device, id).synchronize(timeout_s);
+        NpuStream& s = npusim::stream_for(device, id);
+        npusim::refuse_unsafe_call_during_capture("Stream.synchronize", &s);  // Note [Capture-time refusals]
+        s.synchronize(timeout_s);
         npusim::trace_stream_op(npusim::StreamOp::kSyncStream, nullptr, device, id);
       },
       py::arg("stream_id"), py::arg("device"), py::arg("timeout_s") = -1.0, release());
   m.def("synchronize_device", [](int device) {
     npusim::check_device_index(device, "synchronize");
+    npusim::refuse_unsafe_call_during_capture("synchronize", nullptr);
     npusim::synchronize_device(device);
     npusim::trace_stream_op(npusim::StreamOp::kSyncDevice, nullptr, device, -1);
   }, release());
   m.def("synchronize_all", [] {
+    npusim::refuse_unsafe_call_during_capture("synchronize", nullptr);
     npusim::synchronize_all();
     npusim::trace_stream_op(npusim::StreamOp::kSyncAll, nullptr, -1, -1);
   }, release());

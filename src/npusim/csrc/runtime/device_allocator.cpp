@@ -563,6 +563,11 @@ void end_allocate_to_pool(const NpuStream& stream) {
 }
 
 void empty_cache() {
+  // As CUDA's caching allocator (its captures_underway assertion); see Note
+  // [Capture-time refusals].
+  TORCH_CHECK(!any_stream_capturing(), "empty_cache: not permitted while an npu graph capture is underway "
+      "(the blocks the capture records into its graph must stay put); empty the cache before capture_begin "
+      "or after capture_end");
   reclaim_deferred_frees();
   for (int d = 0; d < device_count(); ++d) {
     DevicePool& p = g_pools[d];

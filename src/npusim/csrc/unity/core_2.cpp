@@ -8,6 +8,8 @@
 #include "../aten/random_ops.cpp"
 #include "../aten/cuda_semantics.cpp"
 #include "../aten/attention.cpp"
+#include "../graph/capture.cpp"
+#include "../graph/replay.cpp"
 #include "../graph/op_recorder.cpp"
 #include "../graph/graph.cpp"
 #include "../python/graph_bindings.cpp"
