@@ -117,6 +117,8 @@ SINGLE_FOREACH_OP_TENSOR_COUNT: int = int(C.SINGLE_FOREACH_OP_TENSOR_COUNT)
 # The kernel decides every route (See Note [The _foreach_copy_ router]) from the routing fields of
 # the current profile, which runtime/profiles.py hands over when a profile becomes current:
 # (kernel, nd_out, batch, memcpy_batch, memcpy_batch_async, fast_dtypes, sync_timeout_s).
+# A task that only holds the current stream of a device for duration_us (device, duration_us).
+launch_delay: Callable[[int, float], None] = C.launch_delay
 register_foreach_copy_kernel: Callable[[], None] = C.register_foreach_copy_kernel
 set_foreach_copy_config: Callable[[bool, bool, bool, bool, bool, Sequence[torch.dtype], float], None] = (
     C.set_foreach_copy_config)

@@ -1,15 +1,18 @@
 """Backend metadata of npu tensors: named integer fields that torch.save / torch.load, shallow
 copies and fake tensors carry (See Note [npu backend metadata] in csrc/aten/backend_meta.cpp).
 
-torch_npu keeps its storage format in PyTorch's per-tensor backend slot; npusim keeps a map of
-named integer fields there, and the storage format is one of them::
+PyTorch gives a backend one slot per tensor for metadata of its own, which torch_npu uses to
+carry its storage descriptor through serialization; npusim keeps a map of named integer fields
+there::
 
     from npusim.runtime import backend_meta
 
-    backend_meta.set_storage_format(t, 29)   # e.g. ACL_FORMAT_FRACTAL_NZ
-    backend_meta.storage_format(t)           # 29; None when never set
-    backend_meta.get(t)                      # {"npu_format": 29}
-    torch._utils.get_tensor_metadata(t)      # {"npusim/npu_format/29": True}, what torch.save writes
+    backend_meta.set_field(t, "version", 2)
+    backend_meta.get(t)                      # {"version": 2}
+    torch._utils.get_tensor_metadata(t)      # {"npusim/version/2": True}, what torch.save writes
+
+(The npu storage format of ``torch_npu.npu_format_cast`` is a property of the storage, not of the
+tensor, and lives with the storage: Note [Where the npu format lives] in ops/fused/layout.py.)
 
 What carries the fields: ``torch.save`` / ``torch.load`` (also with ``map_location`` to another
 npu; loading onto the CPU drops them), ``detach()``, ``.data`` and other shallow copies (each gets
@@ -24,11 +27,7 @@ import torch
 
 from npusim.runtime import acl
 
-# The field torch_npu's storage format lives in (an ACL format number such as 2 for ND, 29 for FRACTAL_NZ).
-STORAGE_FORMAT = "npu_format"
-
-__all__ = ["STORAGE_FORMAT", "clear", "copy", "get", "install_fake_tensor_hook", "set_field", "set_storage_format",
-           "storage_format"]
+__all__ = ["clear", "copy", "get", "install_fake_tensor_hook", "set_field"]
 
 
 def get(t: torch.Tensor) -> dict[str, int]:
@@ -57,21 +56,11 @@ def copy(src: torch.Tensor, dst: torch.Tensor) -> None:
     acl.set_backend_meta(dst, acl.get_backend_meta(src))
 
 
-def storage_format(t: torch.Tensor) -> int | None:
-    """The storage format recorded for ``t``, None when none was."""
-    return acl.get_backend_meta(t).get(STORAGE_FORMAT)
-
-
-def set_storage_format(t: torch.Tensor, fmt: int) -> None:
-    """Records ``fmt`` as the storage format of ``t`` (the value is the caller's to choose)."""
-    set_field(t, STORAGE_FORMAT, fmt)
-
-
 # Note [Backend metadata of fake tensors]
 # torch.compile and torch.export turn real tensors into fake ones with
 # FakeTensorConverter.from_real_tensor, which in torch 2.13 copies no backend
 # metadata (later PyTorch copies it, with _copy_backend_meta, for the reference
-# PrivateUse1 backend's fields). A compiled region that reads the storage format
+# PrivateUse1 backend's fields). A compiled region that reads the fields
 # of its inputs would see none. So npusim wraps that one method: a fake of an
 # npu tensor gets the real tensor's fields (of the tensor inside a
 # FunctionalTensor, which is what holds them). The wrapper adds nothing else.

@@ -47,6 +47,11 @@ class Profile:
     cube_core_num: int = 24
     vector_core_num: int = 48
     l2_cache_size: int = 192 * MIB
+    # The CANN release the profile models (torch_npu.npu.utils.get_cann_version); 9.1.0 pairs with
+    # the torch_npu releases of torch 2.12 onwards. old_cann models one before 8.1.RC1.
+    cann_version: str = "9.1.0"
+    # AI Core clock: torch.npu._sleep(cycles) holds the stream for cycles / clock_mhz microseconds.
+    clock_mhz: float = 1800.0
 
     @property
     def fast_dtypes(self) -> frozenset[torch.dtype]:
@@ -70,7 +75,7 @@ PRESETS: dict[str, Profile] = {
         # An Atlas 300I Pro card: no ND foreach kernel, no batched memcpy.
         Profile("inference_soc", nd_out=False, batch=False, soc_name="Ascend310P3", total_memory=24 * GIB,
                 cube_core_num=8, vector_core_num=7, l2_cache_size=96 * MIB),
-        Profile("old_cann", cann_ge_810rc1=False),
+        Profile("old_cann", cann_ge_810rc1=False, cann_version="8.0.RC3"),
         Profile("no_memcpy_batch", memcpy_batch=False, memcpy_batch_async=False),
         Profile("no_foreach_kernel", foreach_copy_kernel=False),
     )

@@ -5,10 +5,10 @@
 // PyTorch gives a backend one slot of its own per tensor (c10::BackendMeta,
 // in the TensorImpl's extra metadata) and two hooks that torch.save and
 // torch.load call through torch._utils.get_tensor_metadata /
-// set_tensor_metadata (TensorBackendMetaRegistry). torch_npu keeps its storage
-// format there. npusim keeps a map of named integer fields, so that whatever
-// the Python layers want to carry (npusim.runtime.backend_meta: the storage
-// format is one field) needs no C++: the map is saved as keys
+// set_tensor_metadata (TensorBackendMetaRegistry); torch_npu serializes its
+// storage descriptor through them. npusim keeps a map of named integer fields,
+// so that whatever the Python layers want to carry (npusim.runtime.backend_meta)
+// needs no C++: the map is saved as keys
 // "npusim/<name>/<value>" (the hooks' map holds booleans, so the value rides
 // in the key, as torch_npu does), keys of other shapes are ignored on load.
 // clone() copies the map, so a detached or shallow-copied tensor (detach(),

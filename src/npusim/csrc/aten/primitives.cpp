@@ -152,6 +152,11 @@ void memcpy_batch_async(const std::vector<at::Tensor>& dsts, const std::vector<a
   }
 }
 
+void launch_delay(c10::DeviceIndex device, double duration_us) {
+  TORCH_CHECK(duration_us >= 0.0, "launch_delay: expected a non-negative duration, got ", duration_us, " us");
+  current_stream(device).enqueue([] {}, duration_us, "sleep");
+}
+
 static_assert(static_cast<int>(c10::ScalarType::NumOptions) <= 63, "ScalarType no longer fits a mask");
 
 int64_t dtype_mask(const std::vector<at::ScalarType>& dtypes) {

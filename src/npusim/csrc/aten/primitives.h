@@ -28,6 +28,11 @@ void memcpy_batch(const std::vector<at::Tensor>& dsts, const std::vector<at::Ten
 // destination makes the call wait for the task (as for copy_).
 void memcpy_batch_async(const std::vector<at::Tensor>& dsts, const std::vector<at::Tensor>& srcs);
 
+// A task that does nothing but hold the current stream of `device` for
+// duration_us (torch.npu._sleep, as torch.cuda._sleep spins a kernel): work
+// queued behind it starts later, the host does not wait.
+void launch_delay(c10::DeviceIndex device, double duration_us);
+
 // The bit mask of ScalarTypes the _foreach_copy_ kernel's fast route takes
 // (a profile's fast dtypes, ForeachCopyConfig in foreach_copy.h).
 int64_t dtype_mask(const std::vector<at::ScalarType>& dtypes);

@@ -23,6 +23,10 @@ void init_ops_bindings(py::module& m) {
   // random numbers: the Python torch.Generator of a device's default generator
   m.def("default_generator", [](int device) { return npusim::default_generator(device); });
 
+  // torch.npu._sleep: a task that only holds the current stream (the host does not wait)
+  m.def("launch_delay", &npusim::launch_delay, py::arg("device"), py::arg("duration_us"),
+      py::call_guard<py::gil_scoped_release>());
+
   m.attr("SINGLE_FOREACH_OP_TENSOR_COUNT") = npusim::kSingleForeachOpTensorCount;
 
   // the _foreach_copy_ kernel and its router (See Note [The _foreach_copy_ router])

@@ -15,11 +15,13 @@ NCDHW for 5-D, NCHW for 4-D, ND otherwise). npusim keeps the same rule: :data:`_
 storage (its Python object, which PyTorch keeps alive exactly as long as the storage) to the
 format cast onto it, weakly, so the entry dies with the storage and a reused address never
 inherits a stale format. The data is always ND: a cast records a format and moves no bytes.
-Three simplifications against torch_npu: the base format of a storage never cast follows the
-queried tensor's own sizes (torch_npu's follows the sizes it was allocated with);
-``torch.empty_like`` of a cast tensor starts at the base format (torch_npu's ``empty_like``
-keeps a private format); and ``npu_format_cast`` always returns a new tensor (torch_npu returns
-the input itself, re-labelled, when source and target are both base formats).
+The format is not saved by ``torch.save`` (a loaded tensor has the base format of its sizes;
+its data, always ND, is the same). Three more simplifications against torch_npu: the base
+format of a storage never cast follows the queried tensor's own sizes (torch_npu's follows the
+sizes it was allocated with); ``torch.empty_like`` of a cast tensor starts at the base format
+(torch_npu's ``empty_like`` keeps a private format); and ``npu_format_cast`` always returns a
+new tensor (torch_npu returns the input itself, re-labelled, when source and target are both
+base formats).
 """
 
 from __future__ import annotations
