@@ -46,6 +46,19 @@ NOT_APPLICABLE: dict[str, str] = {
     "reset_peak_host_memory_stats": "see reset_accumulated_host_memory_stats",
 }
 
+# torch.cuda.CUDAGraph's methods (torch 2.13; the CUDA build's register_generator_state and
+# get_currently_capturing_graph included) that torch.npu.NPUGraph has, and those it has not (with why);
+# tests/test_npu_api_parity.py checks them against this torch's CUDAGraph.
+GRAPH_METHODS_SHARED_WITH_CUDA: tuple[str, ...] = (
+    "capture_begin", "capture_end", "debug_dump", "enable_debug_mode", "get_currently_capturing_graph",
+    "instantiate", "pool", "register_generator_state", "replay", "reset",
+)
+GRAPH_METHODS_NOT_APPLICABLE: dict[str, str] = {
+    "raw_cuda_graph": "the cudaGraph_t handle: an npu graph is the device core's task list, with no raw handle",
+    "raw_cuda_graph_exec": "the cudaGraphExec_t handle: see raw_cuda_graph",
+    "get_graph_data": "the CUDA graph's node data for its debug tools; an npu graph has debug_dump instead",
+}
+
 # What frameworks written for torch_npu touch inside it, beyond the names above. Read from
 # accelerate (src/accelerate: utils/imports.py, state.py, utils/modeling.py), transformers
 # (utils/import_utils.py, trainer*.py, integrations/npu_flash_attention.py), DeepSpeed
