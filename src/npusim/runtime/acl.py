@@ -49,6 +49,11 @@ synchronize_device: Callable[[int], None] = C.synchronize_device
 synchronize_all: Callable[[], None] = C.synchronize_all
 
 
+# (device, kernel, args): kernel(*args) after the current stream's earlier work, or recorded as a
+# task of that stream while it is captured (a compiled region's C++ kernel).
+launch_host_kernel: Callable[[int, Callable[..., Any], tuple[Any, ...]], None] = C.launch_host_kernel
+
+
 def synchronize_current_stream(device: int, timeout_s: float = -1.0) -> None:
     """aclrtSynchronizeStream on the current stream of ``device``."""
     stream_id, index, _ = C.current_stream(device)
