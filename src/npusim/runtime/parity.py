@@ -73,6 +73,8 @@ FRAMEWORK_PROVIDED: dict[str, str] = {
     "torch_npu.npu": "torch.npu (every framework)",
     "torch_npu.npu.amp.GradScaler": "torch_npu's scaler rule (accelerate's get_grad_scaler)",
     "torch_npu.npu.graphs": "torch.npu.graphs, npusim's NPU graphs",
+    "torch_npu.npu._graph_tree.NPUGraphTreeManager": "npusim's npu graph trees of mode='reduce-overhead' "
+                                                     "(torch_npu's test/npu/test_graph_tree.py)",
     "torch_npu.npu.utils._get_device_index": "torch_npu's device-index helper",
     "torch_npu.npu.utils.get_cann_version": "the profile's CANN version (torch_npu's test helpers)",
     "torch_npu.npu.utils._is_gte_cann_version": "compares with the profile's CANN version",

@@ -38,7 +38,9 @@ STARTUP_DIR = Path(__file__).parent / "startup"
 # Note [The torch_npu of npusim run]
 # The module is torch_npu's API as far as it means something on a simulator, and
 # absent where it does not, so feature detection sees what npusim really does:
-# - ``torch_npu.npu`` is ``torch.npu`` (``torch_npu.npu.amp`` etc. are its submodules);
+# - ``torch_npu.npu`` is ``torch.npu`` (``torch_npu.npu.amp`` etc. are its submodules), and
+#   ``torch_npu.npu._graph_tree`` is npusim's npu graph trees (``npusim.compile.graph_trees``,
+#   loaded on first use);
 # - ``torch_npu.<op>`` is op-plugin's fused operator ``torch.ops.npu.<op>`` when npusim
 #   simulates it (``npusim.ops.fused.OPS``, read at each attribute access);
 # - every other attribute raises NotSimulatedError, an AttributeError, naming the call,
@@ -146,6 +148,7 @@ def uninstall() -> None:
         torch.cuda = sys.modules["torch.cuda"]  # type: ignore[assignment]
     for name in [n for n in sys.modules if n == "torch_npu" or n.startswith("torch_npu.")]:
         del sys.modules[name]
+    torch.npu.__dict__.pop("_graph_tree", None)  # torch_npu.npu._graph_tree (package/__init__.py)
     if _finder in sys.meta_path:
         sys.meta_path.remove(_finder)
     if _saved_pythonpath:

@@ -43,6 +43,30 @@ void init_graph_bindings(py::module& m) {
   m.def("stream_is_capturing", [](int64_t id, int device) {
     return npusim::stream_is_capturing(npusim::stream_for(device, id));
   });
+
+  // A graph tree's outputs (compile/graph_trees.py) are tensors over a storage
+  // of their own that aliases the node's static output memory (as CUDA's trees
+  // rebuild outputs from data pointers): marking them overwritten must not mark
+  // the node's static outputs. The new storage keeps the old one alive, so the
+  // memory outlives the tree if the output does. Returned as a uint8 tensor over
+  // the whole storage.
+  m.def("alias_in_new_storage", [](const at::Tensor& t) {
+    TORCH_CHECK(t.device().type() == c10::DeviceType::PrivateUse1,
+        "alias_in_new_storage: expected an npu tensor, got one on ", t.device());
+    const c10::Storage base = t.storage();
+    auto* keep_alive = new c10::Storage(base);
+    c10::DataPtr data(const_cast<void*>(base.data()), keep_alive,
+        [](void* ctx) { delete static_cast<c10::Storage*>(ctx); }, base.device());
+    c10::Storage fresh(c10::Storage::use_byte_size_t(), base.nbytes(), std::move(data),
+        /*allocator=*/nullptr, /*resizable=*/false);
+    return at::empty({0}, t.options().dtype(at::kByte))
+        .set_(std::move(fresh), 0, {static_cast<int64_t>(base.nbytes())}, {1});
+  });
+  // torch._C._set_storage_access_error_msg of CUDA builds: every later access
+  // of the storage's data raises `message` (an overwritten graph-tree output).
+  m.def("set_storage_access_error", [](const at::Tensor& t, std::string message) {
+    t.storage().unsafeGetStorageImpl()->release_data_and_set_meta_custom_data_ptr_error_msg_(std::move(message));
+  });
 }
 
 }  // namespace npusim
