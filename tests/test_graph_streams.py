@@ -21,10 +21,16 @@ def _fork_join(a: torch.Tensor, b: torch.Tensor, side: torch.Stream) -> tuple[to
     return expert + shared, expert
 
 
+def _side_stream() -> torch.npu.Stream:
+    """A high-priority stream: never the normal-priority one torch.npu.graph captures (the pools hand streams out
+    round-robin, so after many streams a normal one may be the capture stream itself)."""
+    return torch.npu.Stream(priority=-1)
+
+
 def test_fork_join_capture_replays_equal_to_eager_with_both_streams_in_the_graph(tmp_path) -> None:  # noqa: ANN001
     """A side-stream matmul captured by fork/join replays equal to eager, the side stream's work in its own lane."""
     a, b = torch.randn(32, 32, device="npu"), torch.randn(32, 32, device="npu")
-    side = torch.npu.Stream()
+    side = _side_stream()
     g = torch.npu.NPUGraph()
     g.enable_debug_mode()
     torch.npu.synchronize()
@@ -51,7 +57,7 @@ def test_captured_lanes_replay_in_parallel() -> None:
     """Two streams' slow copies captured in parallel overlap on replay (timing model): about one copy's time."""
     src = [torch.randn(16 * 1024, device="npu") for _ in range(2)]  # 64 KiB each
     dst = [torch.empty_like(s) for s in src]
-    side = torch.npu.Stream()
+    side = _side_stream()
     g = torch.npu.NPUGraph()
     with npusim.timing.model(copy_gbps=0.0005):  # ~130 ms per copy
         with torch.npu.graph(g):
@@ -74,7 +80,7 @@ def test_captured_lanes_replay_in_parallel() -> None:
 def test_unjoined_side_stream_raises_cudas_error_and_leaves_streams_uncaptured() -> None:
     """A forked stream with work the capturing stream never waits for fails capture_end with CUDA's error."""
     a = torch.randn(8, 8, device="npu")
-    side = torch.npu.Stream()
+    side = _side_stream()
     g = torch.npu.NPUGraph()
     with pytest.raises(RuntimeError, match="capturing stream has unjoined work") as error, torch.npu.graph(g):
         side.wait_stream(torch.npu.current_stream())
@@ -133,7 +139,7 @@ def test_a_stream_of_one_capture_cannot_wait_on_another_capture() -> None:
 def test_a_failing_lane_fails_the_replay_without_hanging() -> None:
     """An error in a side lane's task stops the replay and is reported by the replay stream, not a hang."""
     p = torch.full((16,), 0.5, device="npu")
-    side = torch.npu.Stream()
+    side = _side_stream()
     g = torch.npu.NPUGraph()
     with torch.npu.graph(g):
         main = torch.npu.current_stream()

@@ -169,7 +169,7 @@ def test_replay_sees_inputs_written_on_its_stream_and_not_those_of_another_witho
     model = _Mlp().to("npu").eval()
     compiled = torch.compile(model, mode="reduce-overhead")
     x = torch.zeros(64, 16, device="npu")
-    side = torch.npu.Stream()
+    side = torch.npu.Stream(priority=-1)  # never the tree's own (normal-priority) stream
     with torch.no_grad():
         compiled(x)
         compiled(x)  # warm-up and record done
