@@ -4,6 +4,7 @@ semantics, and failure when a peer dies. World size 2, each job bounded in time.
 from __future__ import annotations
 
 import os
+import re
 import subprocess
 import sys
 import time
@@ -347,7 +348,9 @@ def test_unwaited_failure_at_exit_is_one_line():
     assert "Traceback" not in err and "Exception ignored" not in err, err
     lines = [line for line in err.splitlines() if line.startswith("npusim: at exit")]
     assert len(lines) == 1, err
-    assert "hccl all_reduce on npu:0 (rank 0 of 2) failed" in lines[0] and "Connection closed by peer" in lines[0]
+    # gloo names the peer's death as it saw it: the socket closed, or reset while it read
+    assert "hccl all_reduce on npu:0 (rank 0 of 2) failed" in lines[0]
+    assert re.search(r"Connection (closed|reset) by peer", lines[0]), lines[0]
 
 
 def _peer_stalls(rank: int, world: int) -> dict[str, object]:

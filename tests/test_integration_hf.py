@@ -32,7 +32,8 @@ def _launch(script: str, *args: str, ranks: int, tmp_path: Path, timeout: float 
     env = {"HF_HUB_OFFLINE": "1", "HF_HOME": str(tmp_path / "hf"), "TOKENIZERS_PARALLELISM": "false"}
     result = run_bounded(cmd, timeout, env=env, cwd=str(tmp_path))
     assert result.returncode == 0, result.stderr[-4000:]
-    lines = [json.loads(found) for found in re.findall(r"RESULT (\{[^\n]*\})", result.stdout)]
+    decoder = json.JSONDecoder()
+    lines = [decoder.raw_decode(result.stdout, found.end())[0] for found in re.finditer("RESULT ", result.stdout)]
     assert len(lines) == ranks, result.stdout[-2000:]
     return sorted(lines, key=lambda line: line.get("rank", line["device"]))
 

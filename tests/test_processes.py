@@ -55,7 +55,7 @@ def test_tensors_put_on_a_queue_are_shared():
     child.start()
     try:
         t = torch.arange(8.0, device="npu:1")
-        backend_meta.set_storage_format(t, 2)
+        backend_meta.set_field(t, "tag", 2)
         inbox.put((t, t[2::2], t, torch.empty(0, device="npu:1")))
         report, made = outbox.get(timeout=TIMEOUT_S)
         assert report == {"device": "npu:1", "values": [float(i) for i in range(8)],
@@ -64,7 +64,7 @@ def test_tensors_put_on_a_queue_are_shared():
         torch.npu.synchronize()
         assert torch.equal(t.cpu(), torch.arange(8.0) + 10)
         assert made.device == torch.device("npu", 1) and made.cpu().tolist() == [0.0, 7.0, 14.0]
-        assert backend_meta.storage_format(t) == 2  # sharing moved the memory, not the tensor's fields
+        assert backend_meta.get(t) == {"tag": 2}  # sharing moved the memory, not the tensor's fields
 
         dropped = torch.full((1000,), 3.0, device="npu:1")
         inbox.put(dropped)

@@ -33,6 +33,8 @@ for batch in batches:
     optimizer.step()
     optimizer.zero_grad()
     losses.append(accelerator.reduce(loss.detach(), "mean").item())
-print("RESULT " + json.dumps({"device": str(accelerator.device), "type": str(accelerator.distributed_type),
-                  "rank": accelerator.process_index, "fsdp2": mode == "fsdp2" and hasattr(model, "reshard"),
-                  "losses": losses}), flush=True)
+result = {"device": str(accelerator.device), "type": str(accelerator.distributed_type),
+          "rank": accelerator.process_index, "fsdp2": mode == "fsdp2" and hasattr(model, "reshard"), "losses": losses}
+# one write: the ranks share the pipe, and print() writes the newline apart
+sys.stdout.write(f"RESULT {json.dumps(result)}\n")
+sys.stdout.flush()

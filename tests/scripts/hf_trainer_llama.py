@@ -28,4 +28,6 @@ trainer = Trainer(model=model, args=args, train_dataset=dataset)
 trainer.train()
 result = {"device": str(next(model.parameters()).device), "world": int(os.environ.get("WORLD_SIZE", "1")),
           "losses": [entry["loss"] for entry in trainer.state.log_history if "loss" in entry]}
-print("RESULT " + json.dumps(result), flush=True)
+# one write: the ranks share the pipe, and print() writes the newline apart
+sys.stdout.write(f"RESULT {json.dumps(result)}\n")
+sys.stdout.flush()

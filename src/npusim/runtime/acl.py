@@ -101,6 +101,12 @@ host_memory_stats: Callable[[], dict[str, int]] = C.host_memory_stats
 set_timing_model: Callable[[float, float, float], None] = C.set_timing_model
 timing_model: Callable[[], tuple[float, float, float]] = C.timing_model
 
+# The compute-cost hook (csrc/aten/op_launch.h): fn(name, overload, meta_inputs, meta_outputs) -> the
+# task's duration in microseconds, called at the launch of every compute task on the launching thread
+# with the op's arguments and results as Meta tensors (devices as "meta"); None removes it. While one is
+# installed no compute op is done on the host (Note [Work on an idle stream]).
+set_compute_cost: Callable[[Callable[[str, str, list[Any], list[Any]], float] | None], None] = C.set_compute_cost
+
 # ---- random numbers ---------------------------------------------------------
 
 # The device's default Philox generator (seed, offset) as a torch.Generator; the
@@ -147,7 +153,7 @@ foreach_copy_traced: Callable[[], bool] = C.foreach_copy_traced
 foreach_copy_route_counts: Callable[[], dict[str, int]] = C.foreach_copy_route_counts
 
 
-# ---- observers (npusim.sanitizer; torch.profiler needs none, see csrc/trace.h) --
+# ---- observers (npusim.sanitizer; torch.profiler needs none: csrc/runtime/device_profiler.cpp)
 
 # fn(op, event_id, device, stream_id) after each event record / wait and host
 # synchronize, on the host thread that did it (op numbers: csrc/trace.h StreamOp); None removes it.

@@ -2,13 +2,16 @@
 // Philox stream (Note [npu Philox stream]). Argument checks, shapes and the
 // normal.Tensor_* arithmetic come from PyTorch's own DistributionTemplates.h,
 // the value transforms from TransformationHelper.h; only the source of the
-// random bits is npusim's. Kernels run on the host after the current
-// stream's earlier work, on the device memory in place; while the stream is
-// captured they are recorded as tasks that read the graph-safe Philox state
-// when they run (Note [Graph-safe Philox state]).
+// random bits is npusim's. Each op takes its Philox state on the host when
+// it is launched (so the order of draws is the order of launches) and fills
+// the device memory in place as a task on the current stream (Note [Compute
+// on the stream]); while the stream is captured the task is recorded and
+// reads the graph-safe Philox state when it runs (Note [Graph-safe Philox
+// state]), so each replay draws fresh numbers.
 #include "generator.h"
 #include "../runtime/stream.h"
 #include "host_transfer.h"
+#include "intraop_threads.h"
 
 #include <ATen/ATen.h>
 #include <ATen/OpMathType.h>
@@ -82,43 +85,44 @@ c10::DeviceIndex npu_device_of(const Tensor& self, const Gen& gen, const char* o
   return self.device().index();
 }
 
-// Writes value(block, i) to element i (row-major logical order) of `self`,
-// from block offset + i; see Note [npu Philox stream].
+// One random op's launch: its Philox state, taken on the host (by value, or
+// in a capture where the inputs will be when the task runs), and its name.
+struct RandomLaunch {
+  PhiloxState state;
+  const char* op;
+};
+
+// Enqueues the writing of value(block, i) to element i (row-major logical
+// order) of `self`, from block offset + i, on the current stream of self's
+// npu; see Note [npu Philox stream]. `value` is copied into the task.
 template <typename scalar_t, typename F>
-void philox_fill(const Tensor& self, const PhiloxInputs& in, F value) {
-  const Tensor cpu = cpu_alias(self);
-  const Tensor dense = cpu.is_contiguous() ? cpu : at::empty(cpu.sizes(), cpu.options());
-  scalar_t* out = dense.data_ptr<scalar_t>();
-  at::parallel_for(0, self.numel(), kGrain, [&](int64_t begin, int64_t end) {
-    at::Philox4_32 engine(in.seed, /*subsequence=*/0, in.offset + static_cast<uint64_t>(begin));
-    for (int64_t i = begin; i < end; ++i) {
-      PhiloxBlock b;
-      for (uint32_t& word : b.x) {
-        word = engine();
+void philox_fill(const Tensor& self, const RandomLaunch& launch, F value) {
+  const Tensor cpu = cpu_alias(self);  // the memory and geometry at launch
+  current_stream(self.device().index()).enqueue([cpu, state = launch.state, value] {
+    apply_user_intraop_threads();
+    const PhiloxInputs in = state.unpack();
+    const Tensor dense = cpu.is_contiguous() ? cpu : at::empty(cpu.sizes(), cpu.options());
+    scalar_t* out = dense.data_ptr<scalar_t>();
+    at::parallel_for(0, cpu.numel(), kGrain, [&](int64_t begin, int64_t end) {
+      at::Philox4_32 engine(in.seed, /*subsequence=*/0, in.offset + static_cast<uint64_t>(begin));
+      for (int64_t i = begin; i < end; ++i) {
+        PhiloxBlock b;
+        for (uint32_t& word : b.x) {
+          word = engine();
+        }
+        out[i] = value(b, i);
       }
-      out[i] = value(b, i);
+    });
+    if (!dense.is_same(cpu)) {
+      host_copy(cpu, dense);
     }
-  });
-  if (!dense.is_same(cpu)) {
-    host_copy(cpu, dense);
-  }
+  }, 0.0, launch.op);
 }
 
-// Runs fill(self, inputs) in stream order: now, on the host after the stream's
-// earlier work, or, while the stream is captured, as a recorded task that
-// reads the graph-safe Philox state when it runs. The Philox state is taken
-// now either way (host order), for `numel` elements.
-template <typename Fill>
-void launch(const Tensor& self, const Gen& gen, const char* op, Fill fill) {
+// Takes this op's Philox state (the order of launches is the order of draws).
+RandomLaunch begin_op(const Tensor& self, const Gen& gen, const char* op) {
   const c10::DeviceIndex device = npu_device_of(self, gen, op);
-  const PhiloxState state = philox_state(gen, device, static_cast<uint64_t>(self.numel()));
-  NpuStream& stream = current_stream(device);
-  if (stream.capture() != nullptr) {
-    stream.enqueue([self, state, fill] { fill(self, state.unpack()); }, 0.0, op);
-    return;
-  }
-  wait_current_stream_idle(device);
-  fill(self, state.unpack());
+  return RandomLaunch{philox_state(gen, device, static_cast<uint64_t>(self.numel())), op};
 }
 
 // ---- kernels, in the shape DistributionTemplates.h calls them ---------------
@@ -126,15 +130,15 @@ void launch(const Tensor& self, const Gen& gen, const char* op, Fill fill) {
 template <typename RNG>
 struct UniformKernel {
   void operator()(at::TensorIteratorBase& iter, double from_, double to_, Gen gen) {
-    launch(iter.tensor(0), gen, "uniform_", [from_, to_](const Tensor& self, const PhiloxInputs& in) {
-      AT_DISPATCH_FLOATING_TYPES_AND2(at::kHalf, at::kBFloat16, self.scalar_type(), "uniform_npu", [&] {
-        const auto from = static_cast<scalar_t>(from_);
-        const auto to = static_cast<scalar_t>(to_);
-        philox_fill<scalar_t>(self, in, [=](const PhiloxBlock& b, int64_t) {
-          const auto value = static_cast<scalar_t>(at::transformation::uniform_real<scalar_t>(b.lo(), from, to));
-          // As CUDA: rounding may reach `to`, which [from, to) excludes.
-          return value == to ? from : value;
-        });
+    const Tensor& self = iter.tensor(0);
+    const RandomLaunch in = begin_op(self, gen, "uniform_");
+    AT_DISPATCH_FLOATING_TYPES_AND2(at::kHalf, at::kBFloat16, self.scalar_type(), "uniform_npu", [&] {
+      const auto from = static_cast<scalar_t>(from_);
+      const auto to = static_cast<scalar_t>(to_);
+      philox_fill<scalar_t>(self, in, [=](const PhiloxBlock& b, int64_t) {
+        const auto value = static_cast<scalar_t>(at::transformation::uniform_real<scalar_t>(b.lo(), from, to));
+        // As CUDA: rounding may reach `to`, which [from, to) excludes.
+        return value == to ? from : value;
       });
     });
   }
@@ -142,15 +146,14 @@ struct UniformKernel {
 
 template <typename RNG>
 struct NormalKernel {
-  void operator()(Tensor& self_, double mean, double std, Gen gen) {
-    launch(self_, gen, "normal_", [mean, std](const Tensor& self, const PhiloxInputs& in) {
-      AT_DISPATCH_FLOATING_TYPES_AND2(at::kHalf, at::kBFloat16, self.scalar_type(), "normal_kernel_npu", [&] {
-        using acc_t = at::opmath_type<scalar_t>;
-        const auto m = static_cast<acc_t>(mean);
-        const auto s = static_cast<acc_t>(std);
-        philox_fill<scalar_t>(self, in, [=](const PhiloxBlock& b, int64_t) {
-          return static_cast<scalar_t>(at::transformation::normal(standard_normal<acc_t>(b), m, s));
-        });
+  void operator()(Tensor& self, double mean, double std, Gen gen) {
+    const RandomLaunch in = begin_op(self, gen, "normal_");
+    AT_DISPATCH_FLOATING_TYPES_AND2(at::kHalf, at::kBFloat16, self.scalar_type(), "normal_kernel_npu", [&] {
+      using acc_t = at::opmath_type<scalar_t>;
+      const auto m = static_cast<acc_t>(mean);
+      const auto s = static_cast<acc_t>(std);
+      philox_fill<scalar_t>(self, in, [=](const PhiloxBlock& b, int64_t) {
+        return static_cast<scalar_t>(at::transformation::normal(standard_normal<acc_t>(b), m, s));
       });
     });
   }
@@ -159,15 +162,15 @@ struct NormalKernel {
 template <typename RNG>
 struct LogNormalKernel {
   void operator()(at::TensorIteratorBase& iter, double mean, double std, Gen gen) {
-    launch(iter.tensor(0), gen, "log_normal_", [mean, std](const Tensor& self, const PhiloxInputs& in) {
-      AT_DISPATCH_FLOATING_TYPES_AND2(at::kHalf, at::kBFloat16, self.scalar_type(), "log_normal_npu", [&] {
-        using acc_t = at::opmath_type<scalar_t>;
-        const auto m = static_cast<acc_t>(mean);
-        const auto s = static_cast<acc_t>(std);
-        philox_fill<scalar_t>(self, in, [=](const PhiloxBlock& b, int64_t) {
-          return static_cast<scalar_t>(
-              at::transformation::log_normal(at::transformation::normal(standard_normal<acc_t>(b), m, s)));
-        });
+    const Tensor& self = iter.tensor(0);
+    const RandomLaunch in = begin_op(self, gen, "log_normal_");
+    AT_DISPATCH_FLOATING_TYPES_AND2(at::kHalf, at::kBFloat16, self.scalar_type(), "log_normal_npu", [&] {
+      using acc_t = at::opmath_type<scalar_t>;
+      const auto m = static_cast<acc_t>(mean);
+      const auto s = static_cast<acc_t>(std);
+      philox_fill<scalar_t>(self, in, [=](const PhiloxBlock& b, int64_t) {
+        return static_cast<scalar_t>(
+            at::transformation::log_normal(at::transformation::normal(standard_normal<acc_t>(b), m, s)));
       });
     });
   }
@@ -180,12 +183,11 @@ struct ExponentialKernel {
     TORCH_CHECK(at::isFloatingType(self.scalar_type()),
         "Exponential distribution is a continuous probability distribution. dtype must be a floating point "
         "but you specified ", self.dtype());
-    launch(self, gen, "exponential_", [lambda](const Tensor& out, const PhiloxInputs& in) {
-      AT_DISPATCH_FLOATING_TYPES_AND2(at::kHalf, at::kBFloat16, out.scalar_type(), "exponential_npu", [&] {
-        philox_fill<scalar_t>(out, in, [=](const PhiloxBlock& b, int64_t) {
-          // u in (0, 1): never 0, as CUDA's exponential_ (a 0 breaks gumbel_softmax's log).
-          return static_cast<scalar_t>(at::transformation::exponential(open_unit(b.lo()), lambda));
-        });
+    const RandomLaunch in = begin_op(self, gen, "exponential_");
+    AT_DISPATCH_FLOATING_TYPES_AND2(at::kHalf, at::kBFloat16, self.scalar_type(), "exponential_npu", [&] {
+      philox_fill<scalar_t>(self, in, [=](const PhiloxBlock& b, int64_t) {
+        // u in (0, 1): never 0, as CUDA's exponential_ (a 0 breaks gumbel_softmax's log).
+        return static_cast<scalar_t>(at::transformation::exponential(open_unit(b.lo()), lambda));
       });
     });
   }
@@ -194,11 +196,11 @@ struct ExponentialKernel {
 template <typename RNG>
 struct GeometricKernel {
   void operator()(at::TensorIteratorBase& iter, double p, Gen gen) {
-    launch(iter.tensor(0), gen, "geometric_", [p](const Tensor& self, const PhiloxInputs& in) {
-      AT_DISPATCH_ALL_TYPES_AND2(at::kHalf, at::kBFloat16, self.scalar_type(), "geometric_npu", [&] {
-        philox_fill<scalar_t>(self, in, [=](const PhiloxBlock& b, int64_t) {
-          return static_cast<scalar_t>(at::transformation::geometric(open_unit(b.lo()), p));
-        });
+    const Tensor& self = iter.tensor(0);
+    const RandomLaunch in = begin_op(self, gen, "geometric_");
+    AT_DISPATCH_ALL_TYPES_AND2(at::kHalf, at::kBFloat16, self.scalar_type(), "geometric_npu", [&] {
+      philox_fill<scalar_t>(self, in, [=](const PhiloxBlock& b, int64_t) {
+        return static_cast<scalar_t>(at::transformation::geometric(open_unit(b.lo()), p));
       });
     });
   }
@@ -207,11 +209,11 @@ struct GeometricKernel {
 template <typename RNG>
 struct CauchyKernel {
   void operator()(at::TensorIteratorBase& iter, double median, double sigma, Gen gen) {
-    launch(iter.tensor(0), gen, "cauchy_", [median, sigma](const Tensor& self, const PhiloxInputs& in) {
-      AT_DISPATCH_FLOATING_TYPES_AND2(at::kHalf, at::kBFloat16, self.scalar_type(), "cauchy_npu", [&] {
-        philox_fill<scalar_t>(self, in, [=](const PhiloxBlock& b, int64_t) {
-          return static_cast<scalar_t>(at::transformation::cauchy(open_unit(b.lo()), median, sigma));
-        });
+    const Tensor& self = iter.tensor(0);
+    const RandomLaunch in = begin_op(self, gen, "cauchy_");
+    AT_DISPATCH_FLOATING_TYPES_AND2(at::kHalf, at::kBFloat16, self.scalar_type(), "cauchy_npu", [&] {
+      philox_fill<scalar_t>(self, in, [=](const PhiloxBlock& b, int64_t) {
+        return static_cast<scalar_t>(at::transformation::cauchy(open_unit(b.lo()), median, sigma));
       });
     });
   }
@@ -220,11 +222,11 @@ struct CauchyKernel {
 template <typename RNG>
 struct RandomKernel {
   void operator()(at::TensorIteratorBase& iter, Gen gen) {
-    launch(iter.tensor(0), gen, "random_", [](const Tensor& self, const PhiloxInputs& in) {
-      AT_DISPATCH_ALL_TYPES_AND3(at::kBool, at::kHalf, at::kBFloat16, self.scalar_type(), "random_kernel_npu", [&] {
-        philox_fill<scalar_t>(self, in, [](const PhiloxBlock& b, int64_t) {
-          return at::transformation::uniform_int<scalar_t>(b.lo());
-        });
+    const Tensor& self = iter.tensor(0);
+    const RandomLaunch in = begin_op(self, gen, "random_");
+    AT_DISPATCH_ALL_TYPES_AND3(at::kBool, at::kHalf, at::kBFloat16, self.scalar_type(), "random_kernel_npu", [&] {
+      philox_fill<scalar_t>(self, in, [](const PhiloxBlock& b, int64_t) {
+        return at::transformation::uniform_int<scalar_t>(b.lo());
       });
     });
   }
@@ -233,34 +235,33 @@ struct RandomKernel {
 template <typename RNG>
 struct RandomFromToKernel {
   void operator()(at::TensorIteratorBase& iter, uint64_t range, int64_t base, Gen gen) {
-    launch(iter.tensor(0), gen, "random_", [range, base](const Tensor& self, const PhiloxInputs& in) {
-      AT_DISPATCH_V2(self.scalar_type(), "random_from_to_kernel_npu", AT_WRAP([&] {
-        philox_fill<scalar_t>(self, in, [=](const PhiloxBlock& b, int64_t) {
-          return at::transformation::uniform_int_from_to<scalar_t>(b.lo(), range, base);
-        });
-      }), AT_EXPAND(AT_ALL_TYPES), at::kBool, at::kHalf, at::kBFloat16, AT_EXPAND(AT_BAREBONES_UNSIGNED_TYPES));
-    });
+    const Tensor& self = iter.tensor(0);
+    const RandomLaunch in = begin_op(self, gen, "random_");
+    AT_DISPATCH_V2(self.scalar_type(), "random_from_to_kernel_npu", AT_WRAP([&] {
+      philox_fill<scalar_t>(self, in, [=](const PhiloxBlock& b, int64_t) {
+        return at::transformation::uniform_int_from_to<scalar_t>(b.lo(), range, base);
+      });
+    }), AT_EXPAND(AT_ALL_TYPES), at::kBool, at::kHalf, at::kBFloat16, AT_EXPAND(AT_BAREBONES_UNSIGNED_TYPES));
   }
   // [int64 min, int64 max]: the whole 64-bit range.
   void operator()(at::TensorIteratorBase& iter, Gen gen) {
-    launch(iter.tensor(0), gen, "random_", [](const Tensor& self, const PhiloxInputs& in) {
-      AT_DISPATCH_V2(self.scalar_type(), "random_full_64_bits_range_kernel_npu", AT_WRAP([&] {
-        philox_fill<scalar_t>(self, in, [](const PhiloxBlock& b, int64_t) {
-          return at::transformation::uniform_int_full_range<scalar_t>(b.lo());
-        });
-      }), at::kLong, at::kDouble, at::kFloat, at::kBFloat16);
-    });
+    const Tensor& self = iter.tensor(0);
+    const RandomLaunch in = begin_op(self, gen, "random_");
+    AT_DISPATCH_V2(self.scalar_type(), "random_full_64_bits_range_kernel_npu", AT_WRAP([&] {
+      philox_fill<scalar_t>(self, in, [](const PhiloxBlock& b, int64_t) {
+        return at::transformation::uniform_int_full_range<scalar_t>(b.lo());
+      });
+    }), at::kLong, at::kDouble, at::kFloat, at::kBFloat16);
   }
 };
 
 template <typename RNG>
 struct BernoulliScalarKernel {
-  void operator()(const Tensor& self_, double p, Gen gen) {
-    launch(self_, gen, "bernoulli_", [p](const Tensor& self, const PhiloxInputs& in) {
-      AT_DISPATCH_ALL_TYPES_AND3(at::kBool, at::kHalf, at::kBFloat16, self.scalar_type(), "bernoulli_scalar_npu_", [&] {
-        philox_fill<scalar_t>(self, in, [=](const PhiloxBlock& b, int64_t) {
-          return static_cast<scalar_t>(at::transformation::bernoulli(unit(b.lo()), p));
-        });
+  void operator()(const Tensor& self, double p, Gen gen) {
+    const RandomLaunch in = begin_op(self, gen, "bernoulli_");
+    AT_DISPATCH_ALL_TYPES_AND3(at::kBool, at::kHalf, at::kBFloat16, self.scalar_type(), "bernoulli_scalar_npu_", [&] {
+      philox_fill<scalar_t>(self, in, [=](const PhiloxBlock& b, int64_t) {
+        return static_cast<scalar_t>(at::transformation::bernoulli(unit(b.lo()), p));
       });
     });
   }
@@ -268,35 +269,40 @@ struct BernoulliScalarKernel {
 
 template <typename RNG>
 struct BernoulliTensorKernel {
-  void operator()(const Tensor& self_, const Tensor& p_, Gen gen) {
-    const c10::DeviceIndex device = npu_device_of(self_, gen, "bernoulli_");
+  void operator()(const Tensor& self, const Tensor& p_, Gen gen) {
+    const c10::DeviceIndex device = npu_device_of(self, gen, "bernoulli_");
     // As CUDA, p may live on another device (or the host): it is copied over.
-    const Tensor p_dev = p_.device() == self_.device() ? p_ : p_.to(self_.device());
+    const Tensor p_dev = p_.device() == self.device() ? p_ : p_.to(self.device());
     AT_DISPATCH_FLOATING_TYPES_AND2(at::kHalf, at::kBFloat16, p_dev.scalar_type(), "bernoulli_tensor_npu_p_", [] {});
-    Tensor checked;  // eager: p read and checked before the generator advances
-    if (current_stream(device).capture() == nullptr) {
-      wait_current_stream_idle(device);  // p may still be being written
-      checked = probabilities(p_dev, self_);
+    NpuStream& stream = current_stream(device);
+    // The probabilities, as doubles of self's shape, checked to lie in [0, 1].
+    auto probs = std::make_shared<Tensor>();
+    if (stream.capture() == nullptr) {
+      // The host checks them (the error is raised at the call, as on CPU), so
+      // it waits for them: Note [Compute on the stream].
+      wait_current_stream_idle(device);
+      *probs = probabilities(cpu_alias(p_dev), self.sizes());
+    } else {
+      // In a capture p is read (and checked) by a recorded task before the fill.
+      stream.enqueue([probs, p = cpu_alias(p_dev), sizes = self.sizes().vec()] {
+        *probs = probabilities(p, sizes);
+      }, 0.0, "bernoulli_");
     }
-    // In a capture p is read (and checked) when the recorded fill runs.
-    launch(self_, gen, "bernoulli_", [p_dev, checked](const Tensor& self, const PhiloxInputs& in) {
-      const Tensor p = checked.defined() ? checked : probabilities(p_dev, self);
-      const double* probs = p.const_data_ptr<double>();
-      AT_DISPATCH_ALL_TYPES_AND3(at::kBool, at::kHalf, at::kBFloat16, self.scalar_type(), "bernoulli_tensor_npu_self_", [&] {
-        philox_fill<scalar_t>(self, in, [=](const PhiloxBlock& b, int64_t i) {
-          return static_cast<scalar_t>(at::transformation::bernoulli(unit(b.lo()), probs[i]));
-        });
+    const RandomLaunch in = begin_op(self, gen, "bernoulli_");
+    AT_DISPATCH_ALL_TYPES_AND3(at::kBool, at::kHalf, at::kBFloat16, self.scalar_type(), "bernoulli_tensor_npu_self_", [&] {
+      philox_fill<scalar_t>(self, in, [=](const PhiloxBlock& b, int64_t i) {
+        // the probabilities (host memory) live as long as the task
+        return static_cast<scalar_t>(at::transformation::bernoulli(unit(b.lo()), probs->const_data_ptr<double>()[i]));
       });
     });
   }
 
-  // p broadcast to self's shape as doubles, each checked to lie in [0, 1].
-  static Tensor probabilities(const Tensor& p_dev, const Tensor& self) {
-    const Tensor p = cpu_alias(p_dev).expand(self.sizes()).to(at::kDouble).contiguous();
-    const double* probs = p.const_data_ptr<double>();
+  static Tensor probabilities(const Tensor& p_cpu, c10::IntArrayRef sizes) {
+    const Tensor p = p_cpu.expand(sizes).to(at::kDouble).contiguous();
+    const double* values = p.const_data_ptr<double>();
     for (int64_t i = 0; i < p.numel(); ++i) {
-      TORCH_CHECK(probs[i] >= 0 && probs[i] <= 1,
-          "bernoulli_: expected every element of p in [0, 1], but got p=", probs[i], " at flat index ", i);
+      TORCH_CHECK(values[i] >= 0 && values[i] <= 1,
+          "bernoulli_: expected every element of p in [0, 1], but got p=", values[i], " at flat index ", i);
     }
     return p;
   }

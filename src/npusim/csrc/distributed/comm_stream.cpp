@@ -4,7 +4,6 @@
 #include "../runtime/stream.h"
 #include "core_api_client.h"
 
-#include <ATen/record_function.h>
 #include <c10/util/Exception.h>
 
 #include <pthread.h>
@@ -194,8 +193,7 @@ void CommStream::State::run() {
     }
     std::string error;
     if (job.profile) {
-      const TaskProfileScope scope(*job.profile);
-      error = run_collective(job);
+      core().run_profiled(*job.profile, [&] { error = run_collective(job); });
     } else {
       error = run_collective(job);
     }

@@ -1,4 +1,4 @@
-// What an npu graph capture holds (capture.cpp, op_recorder.cpp): a lane of
+// What an npu graph capture holds (capture.cpp): a lane of
 // recorded tasks per stream of the capture, the event records and waits that
 // order the lanes, the private pool its allocations come from, the clients
 // its replays prepare, and the first forbidden call. See Note [NPU graph

@@ -4,10 +4,8 @@
 #include "graph.h"
 
 #include "capture.h"
-#include "op_recorder.h"
 #include "replay.h"
 
-#include "../aten/fallback.h"
 #include "../aten/generator.h"
 #include "../runtime/device_allocator.h"
 
@@ -26,28 +24,29 @@ namespace npusim {
 // A stream is a FIFO of host functions run by its worker (runtime/stream.h).
 // While a graph captures a stream (the graph sets itself as the stream's
 // StreamCapture), NpuStream::enqueue appends the function to the graph
-// instead of queueing it: copies, foreach copies, batched memcpy and the
-// random ops' fills issued on that stream are recorded without running, as
-// on CUDA (random ops read the graph-safe Philox state when they run: Note
-// [Graph-safe Philox state]); event records and waits are nodes that order
-// the lanes of the streams that join the capture (Note [Multi-stream
-// capture]). Compute does not go through enqueue (the boxed fallback runs
-// CPU kernels synchronously), so the fallback asks the op capture hook first
-// (capture_fallback_op, op_recorder.cpp, which the graph installs when a
-// capture begins): it walks the op's arguments under the fallback's device
-// rules (aten/op_arguments.h), and on a capturing stream the op is run on the
-// Meta device to learn its output sizes, strides and dtypes; fresh outputs are
+// instead of queueing it: compute ops, copies, foreach copies, batched
+// memcpy and the random ops' fills issued on that stream are recorded
+// without running, as on CUDA (random ops read the graph-safe Philox state
+// when they run: Note [Graph-safe Philox state]); event records and waits
+// are nodes that order the lanes of the streams that join the capture (Note
+// [Multi-stream capture]). A compute op is launched as it is eagerly (Note
+// [Compute on the stream], aten/op_launch.cpp): its arguments walked under
+// the fallback's device rules, its outputs sized by its Meta kernel and
 // allocated from the graph's pool (in-place and out= outputs are the
 // arguments themselves; views of arguments are views of the same device
-// storage), and a task is recorded that calls the op's CPU kernel boxed on CPU
-// aliases of the arguments and copies its fresh results into those pool
-// outputs. Replay runs the lanes on stream workers (Note [Replaying the
-// lanes]). Ops whose output shapes depend on data (nonzero, masked_select) or
-// that lack a meta kernel cannot be captured and raise. A host wait or query
-// of a captured stream or event raises CUDA's error and invalidates the
-// capture, which capture_end then reports (Note [Capture-time refusals]).
-// Like CUDA, the graph works on the tensors it saw at capture: later replays
-// read whatever those addresses hold then. Collectives cannot be captured (the
+// storage), and the task that calls its CPU kernel on CPU aliases is the
+// task the graph records, so capture is "record instead of push" (a CPU
+// generator argument is seeded from the npu generator's graph-safe state
+// when the task runs). Replay runs the lanes on stream workers (Note
+// [Replaying the lanes]). Ops that must run on the host (Note [Compute on
+// the stream]: data-dependent output shapes such as nonzero or
+// masked_select, no meta kernel, host values) and out= arguments a capture
+// would resize cannot be captured and raise. A host wait or query of a
+// captured stream or event raises CUDA's error and invalidates the capture,
+// which capture_end then reports (Note [Capture-time refusals]). Like CUDA,
+// the graph works on the tensors it saw at capture: later replays read
+// whatever those addresses hold then (CPU scalars as they were at capture,
+// as CUDA's kernel arguments). Collectives cannot be captured (the
 // collective backend raises).
 
 // Note [NPU graph memory]
@@ -130,9 +129,9 @@ void NpuGraph::capture_begin(c10::MempoolId_t pool, const std::string& mode) {
   device_ = device;
   pool_ = pool_for(pool);
   // The graph calls down into the floors below (as CUDA's capture_begin calls
-  // beginAllocateToPool): the fallback records ops, the allocator serves
-  // the capture's allocations from the pool, the streams record their tasks.
-  set_op_capture_hook(&capture_fallback_op);
+  // beginAllocateToPool): the allocator serves the capture's allocations
+  // from the pool, the streams record their tasks (compute ops' launches
+  // among them).
   capture_ = std::make_unique<GraphCapture>(this, stream, pool_, error_mode);
   for (const auto& client : registered_) {
     capture_->add_client(client);

@@ -31,15 +31,40 @@ void wait_on_captured_record(NpuStream& stream, const EventRecord& record) {
       " waits on an event recorded during an npu graph capture that has ended; record it again outside the capture");
 }
 
-}  // namespace
-
-void event_record(NpuEvent& event, NpuStream& stream) {
+std::shared_ptr<EventRecord> new_record(NpuEvent& event, const NpuStream& stream) {
   TORCH_CHECK(event.device < 0 || event.device == stream.device(),
       "Event device npu:", static_cast<int>(event.device),
       " does not match recording stream's device npu:", static_cast<int>(stream.device()));
   event.device = stream.device();
   auto record = std::make_shared<EventRecord>();
   event.record = record;
+  return record;
+}
+
+// A signal: it runs on a failed stream too, and carries the failure on
+// (Note [Errors of asynchronous work]).
+std::function<void()> complete_record(std::shared_ptr<EventRecord> record, const NpuStream& stream) {
+  return [record = std::move(record), &stream] {
+    std::string error = stream.failure();
+    {
+      std::lock_guard<std::mutex> lock(record->mutex);
+      record->done = true;
+      record->when = std::chrono::steady_clock::now();
+      record->error = std::move(error);
+    }
+    record->cv.notify_all();
+  };
+}
+
+void record_now(EventRecord& record) {
+  record.done = true;  // no other thread has this record yet
+  record.when = std::chrono::steady_clock::now();
+}
+
+}  // namespace
+
+void event_record(NpuEvent& event, NpuStream& stream) {
+  auto record = new_record(event, stream);
   if (StreamCapture* capture = stream.capture()) {
     // A node of the graph, not a task: see Note [Multi-stream capture].
     record->capture_id = capture->id();
@@ -47,18 +72,19 @@ void event_record(NpuEvent& event, NpuStream& stream) {
     return;
   }
   if (done_on_the_host_now(stream)) {  // Note [Work on an idle stream]
-    record->done = true;  // no other thread has this record yet
-    record->when = std::chrono::steady_clock::now();
+    record_now(*record);
     return;
   }
-  stream.enqueue([record] {
-    {
-      std::lock_guard<std::mutex> lock(record->mutex);
-      record->done = true;
-      record->when = std::chrono::steady_clock::now();
-    }
-    record->cv.notify_all();
-  }, 0.0, "event_record");
+  stream.enqueue(complete_record(std::move(record), stream), 0.0, "event_record", TaskKind::kSignal);
+}
+
+void event_record_unobserved(NpuEvent& event, NpuStream& stream) {
+  auto record = new_record(event, stream);
+  if ((stream.query() && !stream.failed()) || stream.capture() != nullptr) {
+    record_now(*record);  // a capture's replay needs no profiler marker
+    return;
+  }
+  stream.enqueue_unobserved(complete_record(std::move(record), stream), "event_record");
 }
 
 void stream_wait_event(NpuStream& stream, const NpuEvent& event) {
@@ -83,13 +109,17 @@ void stream_wait_event(NpuStream& stream, const NpuEvent& event) {
   }
   if (!tasks_must_show(stream)) {
     std::lock_guard<std::mutex> lock(record->mutex);
-    if (record->done) {
+    if (record->done && record->error.empty()) {
       return;  // Note [Work on an idle stream]
     }
   }
-  stream.enqueue([record] {
+  stream.enqueue([record, &stream] {
     std::unique_lock<std::mutex> lock(record->mutex);
     record->cv.wait(lock, [&] { return record->done; });
+    if (!record->error.empty()) {
+      // See Note [Errors of asynchronous work]: the failure follows the dependency.
+      stream.fail("wait_event failed: the event was recorded after a failure (" + record->error + ")");
+    }
   }, 0.0, "wait_event");
 }
 
@@ -117,6 +147,8 @@ void event_synchronize(const NpuEvent& event) {
   }
   std::unique_lock<std::mutex> lock(record->mutex);
   wait_on_host(record->cv, lock, -1.0, [&] { return record->done; });  // Note [Interruptible host waits]
+  TORCH_CHECK(record->error.empty(), "npusim: event synchronize: the event was recorded on npu:",
+      static_cast<int>(event.device), " after asynchronous work failed: ", record->error);
 }
 
 double event_elapsed_ms(const NpuEvent& start, const NpuEvent& end) {

@@ -8,6 +8,7 @@
 #include <condition_variable>
 #include <memory>
 #include <mutex>
+#include <string>
 
 namespace npusim {
 
@@ -20,6 +21,9 @@ struct EventRecord {
   // record never completes on the host (Note [Multi-stream capture]).
   uint64_t capture_id = 0;
   uint64_t capture_node = 0;
+  // The recording stream's failure when the record ran (Note [Errors of
+  // asynchronous work]): waits for the event fail, its synchronize raises it.
+  std::string error;
 };
 
 // A recorded event points at the record of its latest record() call; waiting
@@ -31,6 +35,8 @@ struct NpuEvent {
 };
 
 void event_record(NpuEvent& event, NpuStream& stream);
+// A record no observer sees, never captured: the profiler's timing markers.
+void event_record_unobserved(NpuEvent& event, NpuStream& stream);
 void stream_wait_event(NpuStream& stream, const NpuEvent& event);
 // The user's query and synchronize (the device guard's hooks): refused, as on
 // CUDA, for an event recorded during a capture and by an underway capture's

@@ -6,6 +6,7 @@
 #include "../runtime/trace.cpp"
 #include "../runtime/stream.cpp"
 #include "../runtime/event.cpp"
+#include "../runtime/device_profiler.cpp"
 #include "../runtime/device_allocator.cpp"
 #include "../runtime/host_allocator.cpp"
 #include "../runtime/cpu_allocator.cpp"

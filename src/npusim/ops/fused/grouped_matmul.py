@@ -25,6 +25,7 @@ from typing import Any
 
 import torch
 from torch import Tensor
+from torch.utils.flop_counter import register_flop_formula
 
 from npusim.ops.fused._checks import check, check_dim, check_dtype, compute_dtype, fail
 from npusim.ops.fused._library import define, implement, no_derivative
@@ -228,3 +229,16 @@ implement(GROUPED_MATMUL, grouped_matmul, _kernel(_fake, int_list=False))
 implement(GROUPED_MATMUL_LIST, _kernel(_run, int_list=True), _kernel(_fake, int_list=True))
 no_derivative(GROUPED_MATMUL)
 no_derivative(GROUPED_MATMUL_LIST)
+
+
+@register_flop_formula(torch.ops.npu.npu_grouped_matmul, get_raw=True)
+def _flop(x: list[Tensor], weight: list[Tensor], *, group_list: Any = None, group_type: int | None = None,
+          **_: Any) -> int:
+    """2 * M * K * N summed over the groups (PyTorch's mm formula per group), for FlopCounterMode and
+    npusim's timing model (Note [Compute cost model])."""
+    experts = _experts(weight)
+    if _resolve_group_type(group_type, group_list) == 2:  # the k axis: y[e] = x[:, k_e] @ weight[k_e, :]
+        return 2 * x[0].shape[0] * x[0].shape[1] * weight[0].shape[-1]
+    if len(x) == 1 and len(experts) > 1:  # one x, its rows split among experts of one N
+        return 2 * x[0].numel() * experts[0].shape[1]
+    return sum(2 * xi.numel() * w.shape[1] for xi, w in zip(x, experts, strict=False))
