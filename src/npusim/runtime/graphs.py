@@ -5,8 +5,9 @@ The names and contracts are torch.cuda's (``CUDAGraph``, ``graph``,
 ``make_graphed_callables``); the machinery is the device core's (see Note [NPU
 graph capture] and Note [NPU graph memory] in ``csrc/graph/graph.cpp``). What can
 be captured: device copies, ``_foreach_copy_`` (every route that does not wait on
-the host), batched async memcpy, compute (the boxed fallback records each op;
-ops whose output shape depends on data cannot be captured), random ops (Note
+the host), batched async memcpy, compute (the stream tasks of the compute ops
+and of inductor's compiled kernels; ops whose output shape depends on data
+cannot be captured), random ops (Note
 [Graph-safe Philox state]), and work on other streams that wait on the capturing
 one (Note [Multi-stream capture]). Host waits, host reads and queries of
 captured streams and events raise CUDA's errors (Note [Capture-time
