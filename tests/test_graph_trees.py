@@ -225,4 +225,4 @@ def test_torch_npu_graph_tree_is_npusims_under_npusim_run() -> None:
             assert obj is getattr(graph_trees, name), name
     finally:
         shim.uninstall()
-    assert "_graph_tree" not in vars(torch.npu)
+    assert "_graph_tree" not in vars(torch.npu) and "__path__" not in vars(torch.npu)

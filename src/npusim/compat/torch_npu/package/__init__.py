@@ -12,7 +12,6 @@ if __name__ != "torch_npu":
                       "never under its npusim name")
 
 import importlib
-import importlib.util
 import os
 import sys
 from typing import Any
@@ -31,22 +30,10 @@ sys.modules["torch_npu.npu"] = torch.npu
 for _name in torch.npu.SUBMODULES:
     sys.modules[f"torch_npu.npu.{_name}"] = getattr(torch.npu, _name)
 
-
-def _lazy_module(name: str) -> Any:
-    """Module ``name``, executed on its first attribute access (npusim.compile.graph_trees imports inductor)."""
-    if name in sys.modules:
-        return sys.modules[name]
-    spec = importlib.util.find_spec(name)
-    spec.loader = importlib.util.LazyLoader(spec.loader)
-    module = importlib.util.module_from_spec(spec)
-    sys.modules[name] = module
-    spec.loader.exec_module(module)
-    return module
-
-
-# torch_npu.npu._graph_tree, the npu graph trees of torch.compile(mode="reduce-overhead"): npusim's
-# (npusim.compile.graph_trees); a submodule attribute of torch_npu.npu as torch_npu's is (uninstall drops it).
-sys.modules["torch_npu.npu._graph_tree"] = torch.npu._graph_tree = _lazy_module("npusim.compile.graph_trees")
+# torch_npu.npu's submodules that are npusim modules imported when a script imports them (ALIASED_MODULES of
+# npusim.compat.torch_npu: torch_npu.npu._graph_tree is npusim.compile.graph_trees, which imports inductor):
+# an empty __path__ makes the import system ask npusim run's finder for them (uninstall removes it).
+torch.npu.__path__ = []
 
 # The subpackages in this directory, imported on first attribute access as torch_npu's are on import.
 _SUBPACKAGES = frozenset(entry.removesuffix(".py") for entry in os.listdir(PACKAGE_DIR)
