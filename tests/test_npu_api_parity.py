@@ -14,7 +14,12 @@ from types import ModuleType
 import pytest
 import torch
 
-from npusim.runtime.parity import NOT_APPLICABLE, SHARED_WITH_CUDA
+from npusim.runtime.parity import (
+    GRAPH_METHODS_NOT_APPLICABLE,
+    GRAPH_METHODS_SHARED_WITH_CUDA,
+    NOT_APPLICABLE,
+    SHARED_WITH_CUDA,
+)
 
 BAD = 99  # past device_count(): torch.cuda raises for it
 
@@ -390,3 +395,12 @@ def test_torch_npu_only_names():
     assert not m.is_autocast_enabled()
     with torch.autocast("npu", dtype=torch.bfloat16):
         assert m.is_autocast_enabled() and m.get_autocast_dtype() == torch.bfloat16
+
+
+def test_npu_graph_has_cuda_graphs_methods():
+    """NPUGraph has each CUDAGraph method this torch defines unless it is listed as not applicable (with why)."""
+    cuda_methods = {n for n in dir(torch.cuda.CUDAGraph) if not n.startswith("_")}
+    assert cuda_methods <= set(GRAPH_METHODS_SHARED_WITH_CUDA) | set(GRAPH_METHODS_NOT_APPLICABLE)
+    assert not set(GRAPH_METHODS_SHARED_WITH_CUDA) & set(GRAPH_METHODS_NOT_APPLICABLE)
+    missing = [n for n in GRAPH_METHODS_SHARED_WITH_CUDA if not callable(getattr(torch.npu.NPUGraph, n, None))]
+    assert not missing

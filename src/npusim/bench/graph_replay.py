@@ -5,9 +5,12 @@ run (``torch.utils.benchmark``). Host time is what the calling thread spends
 issuing the step (eager compute runs on the host, a replay only enqueues one
 task), as wall time and as the host thread's CPU time (robust when stream
 workers compete with the host for cores); end-to-end time adds the wait for
-the device. Two steps: a no-grad
-forward captured with ``torch.npu.graph``, and a forward+backward through
-``torch.npu.make_graphed_callables``.
+the device. Three steps: a no-grad
+forward captured with ``torch.npu.graph``, a forward+backward through
+``torch.npu.make_graphed_callables``, and a forward+backward compiled with
+``torch.compile(mode="reduce-overhead")`` (npu graph trees,
+:mod:`npusim.compile.graph_trees`), which is also measured compiled with the
+default mode (inductor without graphs) for comparison.
 
 Wall times are ``blocked_autorange`` medians after a warm-up (the host-time
 measurement drains the queue before and after); CPU time is fixed-size
@@ -62,7 +65,7 @@ def _model(width: int, layers: int) -> nn.Module:
 
 def measure(width: int, batch: int, layers: int, min_run_time: float,
             measurements: list[benchmark.Measurement] | None = None) -> list[dict[str, float | str]]:
-    """One row per step (forward, fwd+bwd); appends the Measurements behind them to ``measurements``."""
+    """One row per step (forward, fwd+bwd, compiled fwd+bwd); appends their Measurements to ``measurements``."""
     import npusim  # noqa: F401  (registers the npu device)
 
     kept = measurements if measurements is not None else []
@@ -70,7 +73,7 @@ def measure(width: int, batch: int, layers: int, min_run_time: float,
     sync = torch.npu.synchronize
     rows: list[dict[str, float | str]] = []
 
-    progress(1, 3, "forward captured with torch.npu.graph: eager vs replay, host / host cpu / end-to-end")
+    progress(1, 4, "forward captured with torch.npu.graph: eager vs replay, host / host cpu / end-to-end")
     model = _model(width, layers)
     x = torch.randn(batch, width, device="npu")
     with torch.no_grad():
@@ -83,7 +86,7 @@ def measure(width: int, batch: int, layers: int, min_run_time: float,
         rows.append(_row("forward (torch.npu.graph)", g.num_tasks(), equal, min_run_time, kept,
                          eager=lambda: model(x), replay=g.replay, sync=sync))
 
-    progress(2, 3, "fwd+bwd through torch.npu.make_graphed_callables: eager vs replay")
+    progress(2, 4, "fwd+bwd through torch.npu.make_graphed_callables: eager vs replay")
 
     eager_model = _model(width, layers)
     graphed_model = torch.npu.make_graphed_callables(copy.deepcopy(eager_model), (x.clone().requires_grad_(),))
@@ -99,29 +102,66 @@ def measure(width: int, batch: int, layers: int, min_run_time: float,
                 for a, b in zip(eager_model.parameters(), graphed_model.parameters(), strict=True))
     rows.append(_row("fwd+bwd (make_graphed_callables)", 0, equal, min_run_time, kept,
                      eager=step(eager_model), replay=step(graphed_model), sync=sync))
+
+    progress(3, 4, "fwd+bwd compiled: eager vs mode='reduce-overhead' (npu graph trees) vs default compile")
+    rows.append(_reduce_overhead_row(eager_model, xg, min_run_time, kept, sync))
     return rows
+
+
+def _reduce_overhead_row(eager_model: nn.Module, xg: torch.Tensor, min_run_time: float,
+                         kept: list[benchmark.Measurement], sync: Callable[[], None]) -> dict[str, float | str]:
+    """The compiled fwd+bwd step: eager, reduce-overhead (the "replay" columns), default compile."""
+    def loss(m: nn.Module, x: torch.Tensor) -> torch.Tensor:
+        return m(x).square().mean()
+
+    torch._dynamo.reset()
+    models = {mode: copy.deepcopy(eager_model) for mode in ("reduce-overhead", "default")}
+    steps = {}
+    for mode, model in models.items():
+        compiled = torch.compile(loss, mode=mode)
+        steps[mode] = (lambda m, c: lambda: c(m, xg).backward())(model, compiled)
+        for _ in range(3):  # compile, warm-up run, recording
+            steps[mode]()
+    eager_step = lambda: loss(eager_model, xg).backward()  # noqa: E731
+    for p in (*eager_model.parameters(), *(q for m in models.values() for q in m.parameters())):
+        p.grad = None
+    for fn in (eager_step, *steps.values()):
+        fn()  # one step each from zero gradients: the gradients compared below
+    sync()
+    equal = all(torch.allclose(a.grad.cpu(), b.grad.cpu(), rtol=1e-4, atol=1e-6)
+                for a, b in zip(eager_model.parameters(), models["reduce-overhead"].parameters(), strict=True))
+    row = _row("fwd+bwd (reduce-overhead)", 0, equal, min_run_time, kept,
+               eager=eager_step, replay=steps["reduce-overhead"], sync=sync)
+    _measure_kind(row, "compiled", "fwd+bwd (default compile)", steps["default"], min_run_time, kept, sync)
+    return row
 
 
 def _row(name: str, tasks: int, equal: bool, min_run_time: float, kept: list[benchmark.Measurement], *,
          eager: Callable[[], object], replay: Callable[[], object], sync: Callable[[], None]
          ) -> dict[str, float | str]:
-    def with_sync(fn: Callable[[], object]) -> Callable[[], None]:
-        return lambda: (fn(), sync())  # inside the timed statement: the device work is done
-
-    # Host time: drain between measurements so that the queue does not grow without bound.
     row: dict[str, float | str] = {"step": name, "graph_tasks": tasks, "equal": str(equal)}
     for kind, fn in (("eager", eager), ("replay", replay)):
-        sub = f"{name}, {kind}"
-        kept.append(timed(fn, label="host time", sub_label=sub, description="host", min_run_time=min_run_time))
-        sync()
-        row[f"{kind}_host_us"] = kept[-1].median * 1e6
-        kept.append(_host_cpu(fn, sync, "host time", sub))
-        row[f"{kind}_host_cpu_us"] = kept[-1].median * 1e6
-        kept.append(timed(with_sync(fn), label="host time", sub_label=sub, description="end-to-end",
-                          min_run_time=min_run_time))
-        row[f"{kind}_e2e_us"] = kept[-1].median * 1e6
+        _measure_kind(row, kind, f"{name}, {kind}", fn, min_run_time, kept, sync)
     row["host_cpu_ratio"] = row["replay_host_cpu_us"] / row["eager_host_cpu_us"]  # type: ignore[operator]
     return row
+
+
+def _measure_kind(row: dict[str, float | str], kind: str, sub_label: str, fn: Callable[[], object],
+                  min_run_time: float, kept: list[benchmark.Measurement], sync: Callable[[], None]) -> None:
+    """Adds ``<kind>_host_us``, ``<kind>_host_cpu_us`` and ``<kind>_e2e_us`` of ``fn`` to ``row``."""
+    def with_sync() -> None:
+        fn()
+        sync()  # inside the timed statement: the device work is done
+
+    # Host time: drain between measurements so that the queue does not grow without bound.
+    kept.append(timed(fn, label="host time", sub_label=sub_label, description="host", min_run_time=min_run_time))
+    sync()
+    row[f"{kind}_host_us"] = kept[-1].median * 1e6
+    kept.append(_host_cpu(fn, sync, "host time", sub_label))
+    row[f"{kind}_host_cpu_us"] = kept[-1].median * 1e6
+    kept.append(timed(with_sync, label="host time", sub_label=sub_label, description="end-to-end",
+                      min_run_time=min_run_time))
+    row[f"{kind}_e2e_us"] = kept[-1].median * 1e6
 
 
 def _plot(rows: list[dict[str, Any]], title: str, path: Path) -> None:
@@ -139,7 +179,7 @@ def _plot(rows: list[dict[str, Any]], title: str, path: Path) -> None:
 def run(args: argparse.Namespace) -> int:
     measurements: list[benchmark.Measurement] = []
     rows = measure(args.width, args.batch, args.layers, args.min_run_time, measurements)
-    progress(3, 3, "done")
+    progress(4, 4, "done")
     compare(measurements)
     title = (f"MLP {args.layers}x Linear({args.width}, {args.width}) + ReLU, batch {args.batch}; "
              f"medians, {torch.get_num_threads()} threads")
@@ -150,6 +190,10 @@ def run(args: argparse.Namespace) -> int:
         print(f"{r['step']:<34}{r['eager_host_us']:>8.0f}{r['replay_host_us']:>8.0f}"
               f"{r['eager_host_cpu_us']:>8.0f}{r['replay_host_cpu_us']:>8.0f}{r['host_cpu_ratio']:>10.3f}"
               f"{r['eager_e2e_us']:>8.0f}{r['replay_e2e_us']:>8.0f}  {r['equal']}")
+        if "compiled_host_us" in r:  # the same step compiled in the default mode (no graphs)
+            print(f"{'  default compile (no graphs)':<34}{r['compiled_host_us']:>16.0f}"
+                  f"{r['compiled_host_cpu_us']:>16.0f}"
+                  f"{'':>10}{r['compiled_e2e_us']:>16.0f}")
     out = Path(args.out)
     out.mkdir(parents=True, exist_ok=True)
     (out / "graph_replay.json").write_text(json.dumps({**vars(args), "rows": rows}, default=str, indent=1))

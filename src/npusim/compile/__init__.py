@@ -8,7 +8,9 @@ Note [Registering with dynamo and inductor lazily]. What each piece does:
 - :mod:`npusim.compile.inductor`: inductor's C++ kernels computing on npu
   memory, with the npu's device semantics added by the wrapper codegen
   (see Note [Compiled code in stream order]);
-- :mod:`npusim.compile.generated_calls`: the helpers the generated code calls.
+- :mod:`npusim.compile.generated_calls`: the helpers the generated code calls;
+- :mod:`npusim.compile.graph_policy` and :mod:`npusim.compile.graph_trees`: npu graph
+  trees for ``mode="reduce-overhead"`` (see Note [What npusim hooks for reduce-overhead]).
 
 Note [Registering with dynamo and inductor lazily]
 --------------------------------------------------
@@ -45,6 +47,9 @@ def _register_inductor() -> None:
     from npusim.compile.inductor import register_inductor_backend
 
     register_inductor_backend()
+    from npusim.compile.graph_policy import install_graph_policy  # after: the backend must not depend on it
+
+    install_graph_policy()
 
 
 def _run(callback: Callable[[], None]) -> None:

@@ -15,16 +15,18 @@ and ``register_device_op_overrides``):
 Note [Compiled code in stream order]
 ------------------------------------
 Eager npu compute is a stream task (Note [Compute on the stream]); a compiled
-region's C++ kernels are Python-callable functions, which a stream worker (it
-never takes the GIL) cannot call, so they run on the host, in stream order:
+region's C++ kernels are Python-callable functions, which a stream worker
+would have to take the GIL to call (only a replayed npu graph does: Note
+[Compiled code in an npu graph]), so they run on the host, in stream order:
 
-- before each C++ kernel the wrapper calls ``wait_stream(device)``
-  (:mod:`npusim.compile.generated_calls`), so the kernel never reads an input that a
-  copy still queued on the stream has not written yet, nor writes memory an
-  earlier queued task still reads. Before each kernel, not once per call:
-  the region's own eager calls (extern kernels, fallbacks, the ``copy_`` of a
-  mutated input) may queue work on the stream between two kernels. An idle
-  stream costs one query (about 2 us here);
+- each C++ kernel is called through ``launch(device, kernel, args)``
+  (:mod:`npusim.compile.generated_calls`), which first waits for the current
+  stream's earlier work, so the kernel never reads an input that a copy still
+  queued on the stream has not written yet, nor writes memory an earlier queued
+  task still reads. Before each kernel, not once per call: the region's own
+  eager calls (extern kernels, fallbacks, the ``copy_`` of a mutated input) may
+  queue work on the stream between two kernels. An idle stream costs one query
+  (about 2 us here);
 - extern kernels (``mm``, fallbacks) are npu ops: stream tasks like any eager op;
 - buffers are allocated with ``empty_strided(..., device='npu:<i>')``: the npu
   allocator, counted in ``torch.npu.memory_allocated``, freed stream-ordered,
@@ -34,6 +36,17 @@ never takes the GIL) cannot call, so they run on the host, in stream order:
 - the stream is the one current when the compiled function is called (as on
   CUDA); ``torch.npu.stream(s)`` inside the compiled function graph-breaks,
   see Note [npu streams inside a compiled region].
+
+Note [Compiled code in an npu graph]
+------------------------------------
+While the current stream is captured into an npu graph (``torch.npu.graph``, the
+graph trees of ``mode="reduce-overhead"``), ``launch`` records each C++ kernel as
+a task of the stream, calling it on the same tensors (the task holds them, so
+their memory stays the graph's) when the graph is replayed; extern kernels and
+fallbacks are npu ops, which the capture records itself (Note [NPU graph
+capture]). A replayed kernel runs on the stream worker holding the GIL, as an
+eager one runs on the host holding it: inductor's C++ kernels are Python
+extension functions.
 
 Note [Where inductor reads cpu as the C++ backend]
 --------------------------------------------------
@@ -76,8 +89,8 @@ __all__ = [
     "register_inductor_backend",
 ]
 
-_WAIT = "npusim_wait_stream"
-_RUNTIME_IMPORT = f"from npusim.compile.generated_calls import wait_stream as {_WAIT}"
+_LAUNCH = "npusim_launch"
+_RUNTIME_IMPORT = f"from npusim.compile.generated_calls import launch as {_LAUNCH}"
 
 
 class NpuDeviceOpOverrides(DeviceOpOverrides):
@@ -112,8 +125,8 @@ class _NpuWrapperMixin:
             super()._generate_kernel_call_helper(  # type: ignore[misc]
                 kernel_name, call_args, device=device, triton=triton, **kwargs)
             return
-        self.writeline(f"{_WAIT}({device.index})")  # type: ignore[attr-defined]
-        self.writeline(self.wrap_kernel_call(kernel_name, call_args))  # type: ignore[attr-defined]
+        args = "".join(f"{arg}, " for arg in call_args)
+        self.writeline(f"{_LAUNCH}({device.index}, {kernel_name}, ({args}))")  # type: ignore[attr-defined]
 
     def make_allocation(self, name: str, device: torch.device, dtype: torch.dtype, shape: Any, stride: Any,
                         allocation_shape: Any = None, is_pinned: bool = False) -> str:

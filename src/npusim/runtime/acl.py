@@ -49,6 +49,11 @@ synchronize_device: Callable[[int], None] = C.synchronize_device
 synchronize_all: Callable[[], None] = C.synchronize_all
 
 
+# (device, kernel, args): kernel(*args) after the current stream's earlier work, or recorded as a
+# task of that stream while it is captured (a compiled region's C++ kernel).
+launch_host_kernel: Callable[[int, Callable[..., Any], tuple[Any, ...]], None] = C.launch_host_kernel
+
+
 def synchronize_current_stream(device: int, timeout_s: float = -1.0) -> None:
     """aclrtSynchronizeStream on the current stream of ``device``."""
     stream_id, index, _ = C.current_stream(device)
@@ -147,6 +152,10 @@ NpuGraph: Any = C.NpuGraph
 graph_pool_handle: Callable[[], tuple[int, int]] = C.graph_pool_handle
 # (stream_id, device): True while a graph captures that stream.
 stream_is_capturing: Callable[[int, int], bool] = C.stream_is_capturing
+# An npu tensor's memory in a new storage that keeps the old one alive (a uint8 tensor over all of it),
+# and torch._C._set_storage_access_error_msg of CUDA builds: the npu graph trees' outputs.
+alias_in_new_storage: Callable[[torch.Tensor], torch.Tensor] = C.alias_in_new_storage
+set_storage_access_error: Callable[[torch.Tensor, str], None] = C.set_storage_access_error
 
 # ---- the aten::_foreach_copy_ kernel and its router (csrc/aten/foreach_copy.h) ----
 

@@ -3,12 +3,15 @@
 The names and contracts are torch.cuda's (``CUDAGraph``, ``graph``,
 ``graph_pool_handle``, ``is_current_stream_capturing``,
 ``make_graphed_callables``); the machinery is the device core's (see Note [NPU
-graph capture] and Note [NPU graph memory] in ``csrc/graph.cpp``). What can be
-captured: device copies, ``_foreach_copy_`` (every route that does not wait on
-the host), batched async memcpy, event records and waits, and compute (the
-boxed fallback records each op; ops whose output shape depends on data cannot
-be captured). Host waits and host reads raise "operation not permitted when
-stream is capturing", as on CUDA; collectives raise.
+graph capture] and Note [NPU graph memory] in ``csrc/graph/graph.cpp``). What can
+be captured: device copies, ``_foreach_copy_`` (every route that does not wait on
+the host), batched async memcpy, compute (the stream tasks of the compute ops
+and of inductor's compiled kernels; ops whose output shape depends on data
+cannot be captured), random ops (Note
+[Graph-safe Philox state]), and work on other streams that wait on the capturing
+one (Note [Multi-stream capture]). Host waits, host reads and queries of
+captured streams and events raise CUDA's errors (Note [Capture-time
+refusals]); collectives raise.
 
 Note [Replay input copy ordering]
 The graph-tree pattern (torch-npu's ``_graph_tree.py``) copies new inputs into
@@ -50,58 +53,78 @@ def graph_pool_handle() -> PoolHandle:
     return acl.graph_pool_handle()
 
 
-class NPUGraph:
+class NPUGraph(acl.NpuGraph):
     """A captured sequence of npu work that ``replay()`` runs again.
 
     ``capture_begin`` starts recording the current stream (which must not be
-    the default stream); ``capture_end`` stops. ``replay`` enqueues the whole
-    graph as one task on the current stream and returns at once. Outputs and
-    temporaries of the capture live in the graph's pool at fixed addresses.
-    ``keep_graph`` is accepted for torch.cuda parity: the graph is always kept
-    and ``instantiate`` has nothing to do.
+    the default stream); streams that wait on it join the capture and must be
+    joined back before ``capture_end`` (see Note [Multi-stream capture]).
+    ``replay`` enqueues the graph on the current stream and returns at once.
+    Outputs and temporaries of the capture live in the graph's pool at fixed
+    addresses; random ops draw fresh numbers on every replay (Note [Graph-safe
+    Philox state]). ``keep_graph`` is accepted for torch.cuda parity: the graph
+    is always kept and ``instantiate`` has nothing to do.
     """
 
     def __init__(self, keep_graph: bool = False) -> None:
-        self._graph = acl.NpuGraph()
+        super().__init__()
         self.keep_graph = keep_graph
 
     def capture_begin(self, pool: PoolHandle | None = None, capture_error_mode: str = "global") -> None:
-        """Begins capturing the current stream into this graph (sharing ``pool`` when given)."""
+        """Begins capturing the current stream into this graph (sharing ``pool`` when given).
+
+        ``capture_error_mode`` is CUDA's: which threads' host queries and waits on other
+        streams and events the capture refuses ("global": every thread's, "thread_local":
+        this thread's, "relaxed": none). See Note [Capture-time refusals].
+        """
         if capture_error_mode not in _CAPTURE_MODES:
             raise ValueError(f"NPUGraph.capture_begin: capture_error_mode must be one of {_CAPTURE_MODES}, "
                              f"got {capture_error_mode!r}")
-        self._graph.capture_begin(tuple(pool) if pool is not None else (0, 0), capture_error_mode)
+        super().capture_begin(tuple(pool) if pool is not None else (0, 0), capture_error_mode)
 
     def capture_end(self) -> None:
-        """Ends the capture; raises if a forbidden call invalidated it."""
-        self._graph.capture_end()
+        """Ends the capture; raises if a forbidden call invalidated it or a joined stream has unjoined work."""
+        super().capture_end()
 
     def instantiate(self) -> None:
-        if not self._graph.captured():
+        if not self.captured():
             raise RuntimeError("NPUGraph.instantiate: the graph has not been captured")
 
     def replay(self) -> None:
         """Enqueues the captured work on the current stream (asynchronous to the host)."""
-        self._graph.replay()
+        super().replay()
 
     def reset(self) -> None:
         """Drops the captured work and this graph's hold on its pool."""
-        self._graph.reset()
+        super().reset()
 
     def pool(self) -> PoolHandle:
         """The id of this graph's pool, for another graph's ``capture_begin(pool=...)``."""
-        return self._graph.pool()
+        return super().pool()
 
     def num_tasks(self) -> int:
-        """How many recorded device tasks (ops, copies, event records) the graph holds."""
-        return self._graph.num_tasks()
+        """How many recorded nodes (ops, copies, event records and waits) the graph's lanes hold."""
+        return super().num_tasks()
 
     def enable_debug_mode(self) -> None:
-        self._graph.enable_debug_mode()
+        """Makes :meth:`debug_dump` write the captured lanes."""
+        super().enable_debug_mode()
 
-    def debug_dump(self, path: str) -> None:
-        """Writes the recorded tasks, one per line (needs ``enable_debug_mode`` first)."""
-        self._graph.debug_dump(path)
+    def debug_dump(self, debug_path: str) -> None:
+        """Writes the captured tasks, one line each with its lane and stream; as CUDA, only warns
+        without :meth:`enable_debug_mode`."""
+        super().debug_dump(debug_path)
+
+    def register_generator_state(self, generator: torch.Generator) -> None:
+        """Makes each replay prepare ``generator``'s Philox state (an npu generator, or the state
+        ``graphsafe_get_state`` returned), as torch.cuda.CUDAGraph's. A generator used during the
+        capture registers itself anyway."""
+        super().register_generator_state(generator)
+
+    @staticmethod
+    def get_currently_capturing_graph() -> NPUGraph:
+        """The graph capturing the current stream; raises when none is (torch.cuda's errors)."""
+        return acl.NpuGraph.get_currently_capturing_graph()
 
 
 class graph:  # noqa: N801  (mirrors torch.cuda.graph)

@@ -43,6 +43,19 @@ NOT_APPLICABLE: dict[str, str] = {
     "reset_peak_host_memory_stats": "see reset_accumulated_host_memory_stats",
 }
 
+# torch.cuda.CUDAGraph's methods (torch 2.13; the CUDA build's register_generator_state and
+# get_currently_capturing_graph included) that torch.npu.NPUGraph has, and those it has not (with why);
+# tests/test_npu_api_parity.py checks them against this torch's CUDAGraph.
+GRAPH_METHODS_SHARED_WITH_CUDA: tuple[str, ...] = (
+    "capture_begin", "capture_end", "debug_dump", "enable_debug_mode", "get_currently_capturing_graph",
+    "instantiate", "pool", "register_generator_state", "replay", "reset",
+)
+GRAPH_METHODS_NOT_APPLICABLE: dict[str, str] = {
+    "raw_cuda_graph": "the cudaGraph_t handle: an npu graph is the device core's task list, with no raw handle",
+    "raw_cuda_graph_exec": "the cudaGraphExec_t handle: see raw_cuda_graph",
+    "get_graph_data": "the CUDA graph's node data for its debug tools; an npu graph has debug_dump instead",
+}
+
 # What frameworks written for torch_npu touch inside it, beyond the names above. Read from
 # accelerate (src/accelerate: utils/imports.py, state.py, utils/modeling.py), transformers
 # (utils/import_utils.py, trainer*.py, integrations/npu_flash_attention.py), DeepSpeed
@@ -57,6 +70,8 @@ FRAMEWORK_PROVIDED: dict[str, str] = {
     "torch_npu.npu": "torch.npu (every framework)",
     "torch_npu.npu.amp.GradScaler": "torch_npu's scaler rule (accelerate's get_grad_scaler)",
     "torch_npu.npu.graphs": "torch.npu.graphs, npusim's NPU graphs",
+    "torch_npu.npu._graph_tree.NPUGraphTreeManager": "npusim's npu graph trees of mode='reduce-overhead' "
+                                                     "(torch_npu's test/npu/test_graph_tree.py)",
     "torch_npu.npu.utils._get_device_index": "torch_npu's device-index helper",
     "torch_npu.npu.utils.get_cann_version": "the profile's CANN version (torch_npu's test helpers)",
     "torch_npu.npu.utils._is_gte_cann_version": "compares with the profile's CANN version",

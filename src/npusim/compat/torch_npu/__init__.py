@@ -38,7 +38,9 @@ STARTUP_DIR = Path(__file__).parent / "startup"
 # Note [The torch_npu of npusim run]
 # The module is torch_npu's API as far as it means something on a simulator, and
 # absent where it does not, so feature detection sees what npusim really does:
-# - ``torch_npu.npu`` is ``torch.npu`` (``torch_npu.npu.amp`` etc. are its submodules);
+# - ``torch_npu.npu`` is ``torch.npu`` (``torch_npu.npu.amp`` etc. are its submodules), and
+#   ``torch_npu.npu._graph_tree`` is npusim's npu graph trees (``npusim.compile.graph_trees``,
+#   imported when a script imports it: ALIASED_MODULES);
 # - ``torch_npu.<op>`` is op-plugin's fused operator ``torch.ops.npu.<op>`` when npusim
 #   simulates it (``npusim.ops.fused.OPS``, read at each attribute access);
 # - every other attribute raises NotSimulatedError, an AttributeError, naming the call,
@@ -91,10 +93,32 @@ class _NotSimulatedLoader(importlib.abc.Loader):
         raise AssertionError("unreachable: create_module raises")
 
 
+# torch_npu's modules that are npusim modules under another name, imported when a script imports them.
+ALIASED_MODULES: dict[str, str] = {
+    "torch_npu.npu._graph_tree": "npusim.compile.graph_trees",  # torch.compile(mode="reduce-overhead")'s trees
+}
+
+
+class _AliasLoader(importlib.abc.Loader):
+    """Loads an ALIASED_MODULES name as the npusim module itself (imported under its own name)."""
+
+    def __init__(self, target: str) -> None:
+        self.target = target
+
+    def create_module(self, spec: importlib.machinery.ModuleSpec) -> ModuleType | None:
+        return importlib.import_module(self.target)
+
+    def exec_module(self, module: ModuleType) -> None:
+        # The import system set the alias's spec on the module: it keeps its own.
+        module.__spec__ = importlib.util.find_spec(self.target)
+
+
 class _Finder(importlib.abc.MetaPathFinder):
-    """Answers ``torch_npu`` (the package in package/) and torch_npu's unsimulated subpackages."""
+    """Answers ``torch_npu`` (the package in package/), torch_npu's unsimulated subpackages and ALIASED_MODULES."""
 
     def find_spec(self, fullname: str, path: Sequence[str] | None, target: Any = None) -> Any:
+        if fullname in ALIASED_MODULES:
+            return importlib.util.spec_from_loader(fullname, _AliasLoader(ALIASED_MODULES[fullname]))
         if fullname == "torch_npu":
             init = PACKAGE_DIR / "__init__.py"
             return importlib.util.spec_from_file_location(
@@ -140,11 +164,16 @@ def install() -> ModuleType:
 def uninstall() -> None:
     """Removes npusim's torch_npu, its finder and the children's startup path, and undoes
     ``transfer_to_npu`` (tests)."""
+    import torch
+
     from npusim.compat import transfer_to_npu
 
     transfer_to_npu.uninstall()
     for name in [n for n in sys.modules if n == "torch_npu" or n.startswith("torch_npu.")]:
         del sys.modules[name]
+    torch.npu.__dict__.pop("__path__", None)  # set by package/__init__.py for ALIASED_MODULES
+    for alias in ALIASED_MODULES:  # the import system made them attributes of their parents
+        torch.npu.__dict__.pop(alias.rsplit(".", 1)[1], None)
     if _finder in sys.meta_path:
         sys.meta_path.remove(_finder)
     if _saved_pythonpath:

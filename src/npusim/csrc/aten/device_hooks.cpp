@@ -95,10 +95,14 @@ struct NpuGuardImpl final : public c10::impl::DeviceGuardImplInterface {
     return event == nullptr || event_query(*as_event(event));
   }
   bool queryStream(const c10::Stream& stream) const override {
-    return stream_for(stream).query();
+    const NpuStream& s = stream_for(stream);
+    refuse_unsafe_call_during_capture("Stream.query", &s);  // Note [Capture-time refusals]
+    return s.query();
   }
   void synchronizeStream(const c10::Stream& stream) const override {
-    stream_for(stream).synchronize();
+    NpuStream& s = stream_for(stream);
+    refuse_unsafe_call_during_capture("Stream.synchronize", &s);
+    s.synchronize();
     trace_stream_op(StreamOp::kSyncStream, nullptr, stream.device_index(), stream.id());
   }
   void synchronizeEvent(void* event) const override {
@@ -109,6 +113,7 @@ struct NpuGuardImpl final : public c10::impl::DeviceGuardImplInterface {
   }
   void synchronizeDevice(const c10::DeviceIndex device_index) const override {
     const c10::DeviceIndex device = device_index < 0 ? current_device() : device_index;
+    refuse_unsafe_call_during_capture("synchronize", nullptr);
     synchronize_device(device);
     trace_stream_op(StreamOp::kSyncDevice, nullptr, device, -1);
   }

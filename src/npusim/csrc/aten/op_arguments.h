@@ -140,5 +140,9 @@ c10::IValue map_argument(const c10::IValue& v, ArgUse use, Map& map) {
 // (Note [npu Philox stream]), never the CPU default generator. Generators of
 // the wrong device type get CUDA's errors. (generator.cpp)
 at::Generator cpu_generator_argument(const c10::IValue& arg, const DeviceRules& rules);
+// The same generator's Philox state, checked alike, for a capture that seeds
+// the CPU generator when the recorded op runs (Note [Graph-safe Philox state]).
+struct PhiloxState;
+PhiloxState cpu_generator_argument_state(const c10::IValue& arg, const DeviceRules& rules);
 
 }  // namespace npusim

@@ -218,8 +218,15 @@ class BoxedLaunch {
     }
     for (size_t i = 0; i < slots_.size(); ++i) {
       if (generator_slots_ & (uint64_t{1} << i)) {
-        // As the host run does: a CPU generator seeded from the npu one, now.
-        slots_[i].value = c10::IValue(cpu_generator_argument(slots_[i].value, args_.rules()));
+        // As the host run does: a CPU generator seeded from the npu one, now,
+        // or, in a capture, from its graph-safe state when the task runs (Note
+        // [Graph-safe Philox state]).
+        const PhiloxState state = cpu_generator_argument_state(slots_[i].value, args_.rules());
+        if (stream.capture() != nullptr) {
+          task->generators.emplace_back(static_cast<uint32_t>(i), state);
+        } else {
+          slots_[i].value = c10::IValue(cpu_generator_from(state.unpack()));
+        }
       }
     }
     task->args = std::move(slots_);
@@ -426,18 +433,18 @@ bool launch_boxed(const c10::OperatorHandle& op, torch::jit::Stack* stack) {
   BoxedLaunch launch(op, traits);
   launch.walk(*stack, first);  // the device rules raise here, captured or not
   if (traits.host_only != nullptr) {
-    capture->invalidate(c10::str("operation not permitted when stream is capturing: ", traits.name, " ",
+    capture->refuse(c10::str("operation not permitted when stream is capturing: ", traits.name, " ",
         traits.host_only));
   }
   NpuStream& target = current_stream(launch.device());
   const MetaPlan* plan = launch.plan();
   if (target.capture() != nullptr) {
     if (plan == nullptr) {
-      target.capture()->invalidate(c10::str("npu graph capture: ", traits.name, " cannot be captured: ",
+      target.capture()->refuse(c10::str("npu graph capture: ", traits.name, " cannot be captured: ",
           launch.why_host()));
     }
     if (launch.args().resizes_arguments()) {
-      target.capture()->invalidate(c10::str("npu graph capture: ", launch.args().resize_message(),
+      target.capture()->refuse(c10::str("npu graph capture: ", launch.args().resize_message(),
           " during capture; allocate outputs with their final shape before capturing"));
     }
   } else if (plan == nullptr) {

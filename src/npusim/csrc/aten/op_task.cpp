@@ -76,6 +76,9 @@ void OpTask::run() const {
       }
     }
   }
+  for (const auto& [i, state] : generators) {
+    stack[i] = c10::IValue(cpu_generator_from(state.unpack()));
+  }
   op.redispatchBoxed(c10::DispatchKeySet(c10::DispatchKey::CPU), &stack);
   for (const FreshOutput& f : fresh) {
     const c10::IValue& r = stack[f.ret];

@@ -6,6 +6,7 @@
 #pragma once
 
 #include "cpu_aliases.h"
+#include "generator.h"
 
 #include <ATen/core/LegacyTypeDispatch.h>
 #include <ATen/core/Tensor.h>
@@ -89,6 +90,9 @@ class OpTask : public TaskTensors {
   const char* name = nullptr;
   std::vector<ArgSlot> args;
   std::vector<FreshOutput> fresh;
+  // Captured: the generator arguments, CPU generators seeded from these
+  // states each time the task runs (a replay draws fresh numbers).
+  std::vector<std::pair<uint32_t, PhiloxState>> generators;
 
   explicit OpTask(const c10::OperatorHandle& handle) : op(handle) {}
 

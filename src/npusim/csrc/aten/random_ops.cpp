@@ -2,10 +2,12 @@
 // Philox stream (Note [npu Philox stream]). Argument checks, shapes and the
 // normal.Tensor_* arithmetic come from PyTorch's own DistributionTemplates.h,
 // the value transforms from TransformationHelper.h; only the source of the
-// random bits is npusim's. Each op takes its Philox inputs on the host when
+// random bits is npusim's. Each op takes its Philox state on the host when
 // it is launched (so the order of draws is the order of launches) and fills
 // the device memory in place as a task on the current stream (Note [Compute
-// on the stream]).
+// on the stream]); while the stream is captured the task is recorded and
+// reads the graph-safe Philox state when it runs (Note [Graph-safe Philox
+// state]), so each replay draws fresh numbers.
 #include "generator.h"
 #include "../runtime/stream.h"
 #include "host_transfer.h"
@@ -83,9 +85,10 @@ c10::DeviceIndex npu_device_of(const Tensor& self, const Gen& gen, const char* o
   return self.device().index();
 }
 
-// One random op's launch: its Philox inputs, taken on the host, and its name.
+// One random op's launch: its Philox state, taken on the host (by value, or
+// in a capture where the inputs will be when the task runs), and its name.
 struct RandomLaunch {
-  PhiloxInputs in;
+  PhiloxState state;
   const char* op;
 };
 
@@ -95,9 +98,9 @@ struct RandomLaunch {
 template <typename scalar_t, typename F>
 void philox_fill(const Tensor& self, const RandomLaunch& launch, F value) {
   const Tensor cpu = cpu_alias(self);  // the memory and geometry at launch
-  const PhiloxInputs in = launch.in;
-  current_stream(self.device().index()).enqueue([cpu, in, value] {
+  current_stream(self.device().index()).enqueue([cpu, state = launch.state, value] {
     apply_user_intraop_threads();
+    const PhiloxInputs in = state.unpack();
     const Tensor dense = cpu.is_contiguous() ? cpu : at::empty(cpu.sizes(), cpu.options());
     scalar_t* out = dense.data_ptr<scalar_t>();
     at::parallel_for(0, cpu.numel(), kGrain, [&](int64_t begin, int64_t end) {
@@ -116,21 +119,10 @@ void philox_fill(const Tensor& self, const RandomLaunch& launch, F value) {
   }, 0.0, launch.op);
 }
 
-// A random op cannot be captured: its Philox inputs are taken on the host
-// at launch, and a replay would draw the same numbers again.
-void refuse_capture(c10::DeviceIndex device, const char* op) {
-  NpuStream& stream = current_stream(device);
-  if (StreamCapture* capture = stream.capture()) {
-    capture->invalidate(c10::str("operation not permitted when stream is capturing: ", op, " on ", stream.name(),
-        " draws from the npu generator on the host, which a replay of the graph could not repeat"));
-  }
-}
-
-// Takes this op's Philox inputs (the order of launches is the order of draws).
+// Takes this op's Philox state (the order of launches is the order of draws).
 RandomLaunch begin_op(const Tensor& self, const Gen& gen, const char* op) {
   const c10::DeviceIndex device = npu_device_of(self, gen, op);
-  refuse_capture(device, op);
-  return RandomLaunch{philox_inputs(gen, device, static_cast<uint64_t>(self.numel())), op};
+  return RandomLaunch{philox_state(gen, device, static_cast<uint64_t>(self.numel())), op};
 }
 
 // ---- kernels, in the shape DistributionTemplates.h calls them ---------------
@@ -282,23 +274,37 @@ struct BernoulliTensorKernel {
     // As CUDA, p may live on another device (or the host): it is copied over.
     const Tensor p_dev = p_.device() == self.device() ? p_ : p_.to(self.device());
     AT_DISPATCH_FLOATING_TYPES_AND2(at::kHalf, at::kBFloat16, p_dev.scalar_type(), "bernoulli_tensor_npu_p_", [] {});
-    refuse_capture(device, "bernoulli_");
-    // The host checks the probabilities (the error is raised at the call, as
-    // on CPU), so it waits for them: Note [Compute on the stream].
-    wait_current_stream_idle(device);
-    const Tensor p = cpu_alias(p_dev).expand(self.sizes()).to(at::kDouble).contiguous();
-    const double* probs = p.const_data_ptr<double>();
-    for (int64_t i = 0; i < p.numel(); ++i) {
-      TORCH_CHECK(probs[i] >= 0 && probs[i] <= 1,
-          "bernoulli_: expected every element of p in [0, 1], but got p=", probs[i], " at flat index ", i);
+    NpuStream& stream = current_stream(device);
+    // The probabilities, as doubles of self's shape, checked to lie in [0, 1].
+    auto probs = std::make_shared<Tensor>();
+    if (stream.capture() == nullptr) {
+      // The host checks them (the error is raised at the call, as on CPU), so
+      // it waits for them: Note [Compute on the stream].
+      wait_current_stream_idle(device);
+      *probs = probabilities(cpu_alias(p_dev), self.sizes());
+    } else {
+      // In a capture p is read (and checked) by a recorded task before the fill.
+      stream.enqueue([probs, p = cpu_alias(p_dev), sizes = self.sizes().vec()] {
+        *probs = probabilities(p, sizes);
+      }, 0.0, "bernoulli_");
     }
-    const RandomLaunch in{philox_inputs(gen, device, static_cast<uint64_t>(self.numel())), "bernoulli_"};
+    const RandomLaunch in = begin_op(self, gen, "bernoulli_");
     AT_DISPATCH_ALL_TYPES_AND3(at::kBool, at::kHalf, at::kBFloat16, self.scalar_type(), "bernoulli_tensor_npu_self_", [&] {
       philox_fill<scalar_t>(self, in, [=](const PhiloxBlock& b, int64_t i) {
-        // p (a host copy) lives as long as the task
-        return static_cast<scalar_t>(at::transformation::bernoulli(unit(b.lo()), p.const_data_ptr<double>()[i]));
+        // the probabilities (host memory) live as long as the task
+        return static_cast<scalar_t>(at::transformation::bernoulli(unit(b.lo()), probs->const_data_ptr<double>()[i]));
       });
     });
+  }
+
+  static Tensor probabilities(const Tensor& p_cpu, c10::IntArrayRef sizes) {
+    const Tensor p = p_cpu.expand(sizes).to(at::kDouble).contiguous();
+    const double* values = p.const_data_ptr<double>();
+    for (int64_t i = 0; i < p.numel(); ++i) {
+      TORCH_CHECK(values[i] >= 0 && values[i] <= 1,
+          "bernoulli_: expected every element of p in [0, 1], but got p=", values[i], " at flat index ", i);
+    }
+    return p;
   }
 };
 

@@ -3,6 +3,8 @@
 
 #include "../graph/graph.h"
 
+#include <torch/csrc/Exceptions.h>
+
 namespace py = pybind11;
 
 namespace npusim {
@@ -10,13 +12,16 @@ namespace npusim {
 void init_graph_bindings(py::module& m) {
   using release = py::call_guard<py::gil_scoped_release>;
 
-  // graphs (aclmdlRI capture / replay; See Note [NPU graph capture])
+  // graphs (aclmdlRI capture / replay; See Note [NPU graph capture]). Python's
+  // NPUGraph subclasses this class, so get_currently_capturing_graph returns the
+  // user's NPUGraph object (pybind finds the instance that owns the graph).
   py::class_<npusim::NpuGraph>(m, "NpuGraph")
       .def(py::init<>())
       .def("capture_begin", [](npusim::NpuGraph& g, std::pair<uint64_t, uint64_t> pool, const std::string& mode) {
         g.capture_begin({pool.first, pool.second}, mode);
       })
-      .def("capture_end", &npusim::NpuGraph::capture_end)
+      // TORCH_WARN as Python warnings (an empty graph, debug_dump without debug mode)
+      .def("capture_end", torch::wrap_pybind_function([](npusim::NpuGraph& g) { g.capture_end(); }))
       .def("replay", &npusim::NpuGraph::replay, release())
       .def("reset", &npusim::NpuGraph::reset)
       .def("pool", [](const npusim::NpuGraph& g) {
@@ -26,13 +31,41 @@ void init_graph_bindings(py::module& m) {
       .def("num_tasks", &npusim::NpuGraph::num_tasks)
       .def("captured", &npusim::NpuGraph::captured)
       .def("enable_debug_mode", &npusim::NpuGraph::enable_debug_mode)
-      .def("debug_dump", &npusim::NpuGraph::debug_dump);
+      .def("debug_dump", torch::wrap_pybind_function(
+          [](const npusim::NpuGraph& g, const std::string& path) { g.debug_dump(path); }))
+      .def("register_generator_state", &npusim::NpuGraph::register_generator_state)
+      .def_static("get_currently_capturing_graph", &npusim::NpuGraph::get_currently_capturing_graph,
+          py::return_value_policy::reference);
   m.def("graph_pool_handle", [] {
     const c10::MempoolId_t id = npusim::graph_pool_handle();
     return py::make_tuple(id.first, id.second);
   });
   m.def("stream_is_capturing", [](int64_t id, int device) {
     return npusim::stream_is_capturing(npusim::stream_for(device, id));
+  });
+
+  // A graph tree's outputs (compile/graph_trees.py) are tensors over a storage
+  // of their own that aliases the node's static output memory (as CUDA's trees
+  // rebuild outputs from data pointers): marking them overwritten must not mark
+  // the node's static outputs. The new storage keeps the old one alive, so the
+  // memory outlives the tree if the output does. Returned as a uint8 tensor over
+  // the whole storage.
+  m.def("alias_in_new_storage", [](const at::Tensor& t) {
+    TORCH_CHECK(t.device().type() == c10::DeviceType::PrivateUse1,
+        "alias_in_new_storage: expected an npu tensor, got one on ", t.device());
+    const c10::Storage base = t.storage();
+    auto* keep_alive = new c10::Storage(base);
+    c10::DataPtr data(const_cast<void*>(base.data()), keep_alive,
+        [](void* ctx) { delete static_cast<c10::Storage*>(ctx); }, base.device());
+    c10::Storage fresh(c10::Storage::use_byte_size_t(), base.nbytes(), std::move(data),
+        /*allocator=*/nullptr, /*resizable=*/false);
+    return at::empty({0}, t.options().dtype(at::kByte))
+        .set_(std::move(fresh), 0, {static_cast<int64_t>(base.nbytes())}, {1});
+  });
+  // torch._C._set_storage_access_error_msg of CUDA builds: every later access
+  // of the storage's data raises `message` (an overwritten graph-tree output).
+  m.def("set_storage_access_error", [](const at::Tensor& t, std::string message) {
+    t.storage().unsafeGetStorageImpl()->release_data_and_set_meta_custom_data_ptr_error_msg_(std::move(message));
   });
 }
 

@@ -75,6 +75,37 @@ const npusim::CoreApi& core_api_table() {
   return table;
 }
 
+// A Python call a stream task makes (a compiled kernel recorded into an npu
+// graph): it takes the GIL to run, and to be destroyed, since the task and the
+// graph holding it may go away on a stream worker.
+struct PythonCall {
+  py::object fn;
+  py::tuple args;
+
+  void run() const {
+    const py::gil_scoped_acquire gil;
+    try {
+      fn(*args);
+    } catch (py::error_already_set& e) {
+      throw std::runtime_error(e.what());  // the message, without Python state outside the GIL
+    }
+  }
+};
+
+std::shared_ptr<PythonCall> python_call(py::object fn, py::tuple args) {
+  return std::shared_ptr<PythonCall>(new PythonCall{std::move(fn), std::move(args)}, [](PythonCall* call) {
+#if PY_VERSION_HEX >= 0x030D0000
+    const bool finalizing = Py_IsFinalizing();
+#else
+    const bool finalizing = _Py_IsFinalizing();
+#endif
+    if (Py_IsInitialized() && !finalizing) {
+      const py::gil_scoped_acquire gil;
+      delete call;
+    }  // else leaked: the interpreter is going away
+  });
+}
+
 }  // namespace
 
 namespace npusim {
@@ -125,19 +156,41 @@ void init_runtime_bindings(py::module& m) {
   });
   m.def("synchronize_stream",
       [](int64_t id, int device, double timeout_s) {
-        npusim::stream_for(device, id).synchronize(timeout_s);
+        NpuStream& s = npusim::stream_for(device, id);
+        npusim::refuse_unsafe_call_during_capture("Stream.synchronize", &s);  // Note [Capture-time refusals]
+        s.synchronize(timeout_s);
         npusim::trace_stream_op(npusim::StreamOp::kSyncStream, nullptr, device, id);
       },
       py::arg("stream_id"), py::arg("device"), py::arg("timeout_s") = -1.0, release());
   m.def("synchronize_device", [](int device) {
     npusim::check_device_index(device, "synchronize");
+    npusim::refuse_unsafe_call_during_capture("synchronize", nullptr);
     npusim::synchronize_device(device);
     npusim::trace_stream_op(npusim::StreamOp::kSyncDevice, nullptr, device, -1);
   }, release());
   m.def("synchronize_all", [] {
+    npusim::refuse_unsafe_call_during_capture("synchronize", nullptr);
     npusim::synchronize_all();
     npusim::trace_stream_op(npusim::StreamOp::kSyncAll, nullptr, -1, -1);
   }, release());
+
+  // A compiled region's C++ kernel (compile/generated_calls.py): run now, after
+  // the current stream's earlier work, or, while that stream is captured,
+  // recorded as a task that calls it when the graph is replayed (Note [Compiled
+  // code in an npu graph]).
+  m.def("launch_host_kernel", [](int device, py::object fn, py::tuple args) {
+    NpuStream& s = npusim::current_stream(static_cast<c10::DeviceIndex>(device));
+    if (s.capture() != nullptr) {
+      auto call = python_call(std::move(fn), std::move(args));
+      s.enqueue([call] { call->run(); }, 0.0, "compiled_kernel");
+      return;
+    }
+    {
+      const py::gil_scoped_release release;  // stream workers may need the GIL to finish
+      s.synchronize();
+    }
+    fn(*args);
+  });
 
   // timing model
   m.def("set_timing_model", [](double copy_gbps, double launch_us, double link_gbps) {

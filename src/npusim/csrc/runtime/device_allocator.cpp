@@ -213,6 +213,11 @@ int64_t reclaim_deferred_frees() {
 }
 
 void empty_cache() {
+  // As CUDA's caching allocator (its captures_underway assertion); see Note
+  // [Capture-time refusals].
+  TORCH_CHECK(!any_stream_capturing(), "empty_cache: not permitted while an npu graph capture is underway "
+      "(the blocks the capture records into its graph must stay put); empty the cache before capture_begin "
+      "or after capture_end");
   for (int d = 0; d < device_count(); ++d) {
     DeviceCache& c = cache(static_cast<c10::DeviceIndex>(d), "empty_cache");
     std::unique_lock<std::mutex> lock(c.mutex);
@@ -372,6 +377,18 @@ void end_allocate_to_pool(c10::DeviceIndex device, c10::MempoolId_t id) {
   DeviceCache& c = cache(device, "npu private pool");
   std::lock_guard<std::mutex> lock(c.mutex);
   c.end_allocate_to_pool_locked(id);
+}
+
+void join_allocate_to_pool(const NpuStream& stream, c10::MempoolId_t id) {
+  DeviceCache& c = cache(stream.device(), "npu private pool");
+  std::lock_guard<std::mutex> lock(c.mutex);
+  c.join_allocate_to_pool_locked(id, stream.id());
+}
+
+void end_allocate_to_pool(const NpuStream& stream, c10::MempoolId_t id) {
+  DeviceCache& c = cache(stream.device(), "npu private pool");
+  std::lock_guard<std::mutex> lock(c.mutex);
+  c.end_allocate_to_pool_locked(id, stream.id());
 }
 
 void release_pool(c10::DeviceIndex device, c10::MempoolId_t id) {

@@ -133,8 +133,13 @@ void create_or_incref_pool(c10::DeviceIndex device, c10::MempoolId_t id, bool no
 void begin_allocate_to_pool(const NpuStream& stream, c10::MempoolId_t id);
 // ... or the calling thread's allocations on `device` (use_mem_pool).
 void begin_allocate_current_thread_to_pool(c10::DeviceIndex device, c10::MempoolId_t id);
+// A stream that joined a capture (Note [Multi-stream capture]) allocates from
+// the pool its capture's origin stream allocates from, under that scope's hold.
+void join_allocate_to_pool(const NpuStream& stream, c10::MempoolId_t id);
 // Ends the scope begun for `id` (the pool stays held until release_pool).
 void end_allocate_to_pool(c10::DeviceIndex device, c10::MempoolId_t id);
+// Ends the scope of `stream` for `id` (begun or joined).
+void end_allocate_to_pool(const NpuStream& stream, c10::MempoolId_t id);
 // Drops one user; at zero the pool's free segments go at the next empty_cache.
 void release_pool(c10::DeviceIndex device, c10::MempoolId_t id);
 int pool_use_count(c10::DeviceIndex device, c10::MempoolId_t id);

@@ -4,6 +4,8 @@
 // call). See Note [Caching allocator] and Note [Stream-ordered free].
 #pragma once
 
+#include <optional>
+
 #include "device_allocator.h"
 #include "stream.h"
 
@@ -191,7 +193,10 @@ class DeviceCache {
   // ---- private pools (private_pools.cpp) ----
   void create_or_incref_pool_locked(c10::MempoolId_t id, bool no_split, bool use_on_oom);
   void begin_allocate_to_pool_locked(c10::MempoolId_t id, const AllocationScope& scope);
-  void end_allocate_to_pool_locked(c10::MempoolId_t id);
+  // A stream joining a capture: its allocations go to the pool too (no new hold).
+  void join_allocate_to_pool_locked(c10::MempoolId_t id, c10::StreamId stream);
+  // Ends the scope of `stream` (or the first scope of the pool when none is named).
+  void end_allocate_to_pool_locked(c10::MempoolId_t id, std::optional<c10::StreamId> stream = std::nullopt);
   void release_pool_locked(c10::MempoolId_t id);
   int pool_use_count_locked(c10::MempoolId_t id) const;
   std::vector<const void*> pool_live_allocations_locked(c10::MempoolId_t id) const;

@@ -5,8 +5,31 @@
 #include <c10/util/Exception.h>
 
 namespace npusim {
-
 namespace {
+
+// CUDA's cudaErrorCapturedEvent, for a host call on an event recorded during capture.
+[[noreturn]] void refuse_captured_event(const EventRecord& record, const char* op) {
+  const std::string message = c10::str("operation not permitted on an event last recorded in a capturing stream: ",
+      op, " of an event recorded during an npu graph capture (its record runs only when the graph is replayed)");
+  with_capture(record.capture_id, [&](StreamCapture& capture) { capture.refuse(message); });
+  TORCH_CHECK(false, message, "; that capture has ended: record the event again outside the capture");
+}
+
+// `stream` waits on a record node of a capture: it joins that capture, or, in it
+// already, depends on the node. See Note [Multi-stream capture].
+void wait_on_captured_record(NpuStream& stream, const EventRecord& record) {
+  StreamCapture* const own = stream.capture();
+  const bool underway = with_capture(record.capture_id, [&](StreamCapture& capture) {
+    if (own != nullptr && own != &capture) {
+      own->refuse(c10::str("operation would result in a merge of separate capture sequences: ", stream.name(),
+          ", captured by one npu graph, waits on an event recorded during the capture of ",
+          capture.origin().name(), " by another"));
+    }
+    capture.wait_event(stream, record.capture_node);
+  });
+  TORCH_CHECK(underway, "operation not permitted on an event last recorded in a capturing stream: ", stream.name(),
+      " waits on an event recorded during an npu graph capture that has ended; record it again outside the capture");
+}
 
 std::shared_ptr<EventRecord> new_record(NpuEvent& event, const NpuStream& stream) {
   TORCH_CHECK(event.device < 0 || event.device == stream.device(),
@@ -42,6 +65,12 @@ void record_now(EventRecord& record) {
 
 void event_record(NpuEvent& event, NpuStream& stream) {
   auto record = new_record(event, stream);
+  if (StreamCapture* capture = stream.capture()) {
+    // A node of the graph, not a task: see Note [Multi-stream capture].
+    record->capture_id = capture->id();
+    record->capture_node = capture->record_event(stream);
+    return;
+  }
   if (done_on_the_host_now(stream)) {  // Note [Work on an idle stream]
     record_now(*record);
     return;
@@ -63,6 +92,21 @@ void stream_wait_event(NpuStream& stream, const NpuEvent& event) {
   if (!record) {
     return;  // never recorded: nothing to wait for (CUDA semantics)
   }
+  if (record->capture_id != 0) {
+    wait_on_captured_record(stream, *record);
+    return;
+  }
+  if (StreamCapture* capture = stream.capture()) {
+    {
+      std::lock_guard<std::mutex> lock(record->mutex);
+      if (record->done) {
+        return;  // finished work: no dependency to capture
+      }
+    }
+    capture->refuse(c10::str("dependency created on uncaptured work in another stream: ", stream.name(),
+        ", which an npu graph is capturing, waits on an event recorded outside the capture that has not "
+        "completed; make the capturing stream wait for that work before capture_begin"));
+  }
   if (!tasks_must_show(stream)) {
     std::lock_guard<std::mutex> lock(record->mutex);
     if (record->done && record->error.empty()) {
@@ -81,6 +125,10 @@ void stream_wait_event(NpuStream& stream, const NpuEvent& event) {
 
 bool event_query(const NpuEvent& event) {
   auto record = event.record;
+  if (record && record->capture_id != 0) {
+    refuse_captured_event(*record, "Event.query");
+  }
+  refuse_unsafe_call_during_capture("Event.query", nullptr);
   if (!record) {
     return true;
   }
@@ -90,6 +138,10 @@ bool event_query(const NpuEvent& event) {
 
 void event_synchronize(const NpuEvent& event) {
   auto record = event.record;
+  if (record && record->capture_id != 0) {
+    refuse_captured_event(*record, "Event.synchronize");
+  }
+  refuse_unsafe_call_during_capture("Event.synchronize", nullptr);
   if (!record) {
     return;
   }
@@ -104,6 +156,11 @@ double event_elapsed_ms(const NpuEvent& start, const NpuEvent& end) {
       "elapsed_time: both events must be created with enable_timing=True");
   TORCH_CHECK(start.record && end.record,
       "elapsed_time: both events must be recorded before calculating elapsed time");
+  for (const NpuEvent* e : {&start, &end}) {
+    if (e->record->capture_id != 0) {
+      refuse_captured_event(*e->record, "Event.elapsed_time");
+    }
+  }
   TORCH_CHECK(start.device == end.device,
       "elapsed_time: both events must be recorded on the same device, got npu:",
       static_cast<int>(start.device), " and npu:", static_cast<int>(end.device));
@@ -113,7 +170,9 @@ double event_elapsed_ms(const NpuEvent& start, const NpuEvent& end) {
 }
 
 void stream_wait_stream(NpuStream& waiter, NpuStream& target) {
-  if (&waiter == &target || target.query()) {
+  // A captured target's query() says idle (its tasks are recorded, not queued),
+  // yet the wait is the dependency the capture needs: a fork or a join.
+  if (&waiter == &target || (target.capture() == nullptr && target.query())) {
     return;
   }
   NpuEvent event;

@@ -17,6 +17,10 @@ struct EventRecord {
   std::condition_variable cv;
   bool done = false;
   std::chrono::steady_clock::time_point when;
+  // Nonzero: recorded into that capture, as its record node capture_node; such a
+  // record never completes on the host (Note [Multi-stream capture]).
+  uint64_t capture_id = 0;
+  uint64_t capture_node = 0;
   // The recording stream's failure when the record ran (Note [Errors of
   // asynchronous work]): waits for the event fail, its synchronize raises it.
   std::string error;
@@ -34,6 +38,9 @@ void event_record(NpuEvent& event, NpuStream& stream);
 // A record no observer sees, never captured: the profiler's timing markers.
 void event_record_unobserved(NpuEvent& event, NpuStream& stream);
 void stream_wait_event(NpuStream& stream, const NpuEvent& event);
+// The user's query and synchronize (the device guard's hooks): refused, as on
+// CUDA, for an event recorded during a capture and by an underway capture's
+// mode (Note [Capture-time refusals]).
 bool event_query(const NpuEvent& event);
 void event_synchronize(const NpuEvent& event);
 double event_elapsed_ms(const NpuEvent& start, const NpuEvent& end);

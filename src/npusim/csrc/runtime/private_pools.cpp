@@ -62,9 +62,21 @@ void DeviceCache::begin_allocate_to_pool_locked(c10::MempoolId_t id, const Alloc
   scopes_.push_back(scope);
 }
 
-void DeviceCache::end_allocate_to_pool_locked(c10::MempoolId_t id) {
+void DeviceCache::join_allocate_to_pool_locked(c10::MempoolId_t id, c10::StreamId stream) {
+  bool open = false;
+  for (const AllocationScope& scope : scopes_) {
+    TORCH_CHECK(scope.pool != id || scope.stream != stream, "npu private pool (", id.first, ", ", id.second,
+        "): allocations of this stream are already routed to it");
+    open = open || (scope.pool == id && scope.stream >= 0);
+  }
+  TORCH_CHECK(open, "npu private pool (", id.first, ", ", id.second,
+      "): a stream can join only a pool a capture's stream allocates from");
+  scopes_.push_back(AllocationScope{id, stream, {}});  // the scope it joins holds the pool
+}
+
+void DeviceCache::end_allocate_to_pool_locked(c10::MempoolId_t id, std::optional<c10::StreamId> stream) {
   for (auto it = scopes_.begin(); it != scopes_.end(); ++it) {
-    if (it->pool == id) {
+    if (it->pool == id && (!stream || it->stream == *stream)) {
       scopes_.erase(it);
       return;
     }

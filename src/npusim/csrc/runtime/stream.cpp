@@ -150,7 +150,7 @@ bool spin_until(Done done, std::chrono::steady_clock::duration budget) {
 
 void NpuStream::enqueue(std::function<void()> fn, double duration_us, const char* op, TaskKind kind) {
   if (StreamCapture* graph = capture()) {
-    graph->add_task(std::move(fn), duration_us, op);
+    graph->add_task(*this, std::move(fn), duration_us, op);
     return;
   }
   push(Task{std::move(fn), duration_us, op, kind,
@@ -439,8 +439,112 @@ c10::Stream exchange_current_stream(const c10::Stream& stream) {
 }
 
 void synchronize_device(c10::DeviceIndex device) {
+  // Refused before anything is waited for: a device synchronize would wait on
+  // the captured streams, whose work never runs during capture.
+  for (auto& s : all_streams()[device]) {
+    if (StreamCapture* graph = s->capture()) {
+      graph->refuse_host_wait(*s, "synchronize");
+    }
+  }
   for (auto& s : all_streams()[device]) {
     s->synchronize();
+  }
+}
+
+// ---- captures underway and the calls they refuse ---------------------------------
+
+// Note [Capture-time refusals]
+// A capture records work instead of running it, so a host wait on a captured
+// stream (or on an event recorded into the capture) would wait for work that
+// never runs: CUDA raises instead, and so does npusim, never hanging. Every such
+// call raises CUDA's error and invalidates the capture (capture_end then
+// reports it): synchronize of a captured stream or its device, Stream.query,
+// Event.query / synchronize / elapsed_time of an event recorded during capture
+// ("operation not permitted on an event last recorded in a capturing stream"),
+// .item() / .cpu() and blocking host<->device copies on a captured stream. As
+// CUDA's capture_error_mode, a capture also refuses the user's host queries and
+// waits on streams and events outside it, the calls CUDA calls potentially
+// unsafe: "global" (the default) from any thread, "thread_local" from the
+// thread that began the capture, "relaxed" never. Those refusals are checked
+// where the user's calls come in (the device guard's query / synchronize
+// hooks, torch.npu.synchronize): npusim's own waits on streams that are not
+// captured (a free waiting on a fence, a blocking copy on another stream) are
+// not refused. The caching allocator refuses empty_cache while a capture of
+// its device is underway, as CUDA's does (its captures_underway assertion),
+// without invalidating the capture.
+
+namespace {
+
+std::mutex& g_captures_mutex = *new std::mutex();
+std::vector<StreamCapture*>& g_captures = *new std::vector<StreamCapture*>();
+std::atomic<int> g_capture_count{0};
+
+const char* mode_name(CaptureMode mode) {
+  switch (mode) {
+    case CaptureMode::kThreadLocal:
+      return "thread_local";
+    case CaptureMode::kRelaxed:
+      return "relaxed";
+    default:
+      return "global";
+  }
+}
+
+}  // namespace
+
+void StreamCapture::refuse_host_wait(const NpuStream& stream, const char* op) {
+  refuse(c10::str("operation not permitted when stream is capturing: ", op, " waits on ", stream.name(),
+      ", which an npu graph is capturing (no host synchronization or host read of device data is "
+      "possible during capture)"));
+}
+
+void register_capture(StreamCapture* capture) {
+  std::lock_guard<std::mutex> lock(g_captures_mutex);
+  g_captures.push_back(capture);
+  g_capture_count.fetch_add(1, std::memory_order_acq_rel);
+}
+
+void unregister_capture(const StreamCapture* capture) {
+  std::lock_guard<std::mutex> lock(g_captures_mutex);
+  auto it = std::find(g_captures.begin(), g_captures.end(), capture);
+  if (it != g_captures.end()) {
+    g_captures.erase(it);
+    g_capture_count.fetch_sub(1, std::memory_order_acq_rel);
+  }
+}
+
+bool with_capture(uint64_t id, const std::function<void(StreamCapture&)>& fn) {
+  std::lock_guard<std::mutex> lock(g_captures_mutex);
+  for (StreamCapture* capture : g_captures) {
+    if (capture->id() == id) {
+      fn(*capture);
+      return true;
+    }
+  }
+  return false;
+}
+
+void refuse_unsafe_call_during_capture(const char* op, const NpuStream* target) {
+  if (g_capture_count.load(std::memory_order_acquire) == 0) {
+    return;
+  }
+  if (target != nullptr) {
+    if (StreamCapture* graph = target->capture()) {
+      graph->refuse(c10::str("operation not permitted when stream is capturing: ", op, " of ", target->name(),
+          ", which an npu graph is capturing (its work runs only when the graph is replayed)"));
+    }
+  }
+  std::lock_guard<std::mutex> lock(g_captures_mutex);
+  for (StreamCapture* capture : g_captures) {
+    const CaptureMode mode = capture->mode();
+    if (mode == CaptureMode::kGlobal ||
+        (mode == CaptureMode::kThreadLocal && capture->thread() == std::this_thread::get_id())) {
+      capture->refuse(c10::str("operation not permitted when stream is capturing: ", op,
+          " is a potentially unsafe call while an npu graph captures ", capture->origin().name(),
+          " with capture_error_mode='", mode_name(mode), "' (refused ",
+          mode == CaptureMode::kGlobal ? "from every thread" : "on the capturing thread",
+          "; 'relaxed' allows it)"));
+    }
   }
 }
 

@@ -27,20 +27,62 @@ namespace npusim {
 
 class NpuStream;
 
-// What a stream asks while it is captured (an npu graph, graph/graph.cpp,
-// implements it; Note [NPU graph capture]).
+// CUDA's cudaStreamCaptureMode: which threads' potentially unsafe calls (host
+// queries and waits) an underway capture refuses. See Note [Capture-time refusals].
+enum class CaptureMode { kGlobal, kThreadLocal, kRelaxed };
+
+// State outside the graph that its replays must prepare (the npu generator's
+// graph-safe Philox state, aten/generator.h): told when the capture ends, before
+// each replay and when the graph goes away.
+class CaptureClient {
+ public:
+  virtual ~CaptureClient() = default;
+  // capture_end: returns what each replay_prologue of this capture is given.
+  virtual uint64_t capture_epilogue(uint64_t capture_id) = 0;
+  // replay(), on the host, in host order: returns stream work that must run before the
+  // graph's tasks on the replay stream (or an empty function).
+  virtual std::function<void()> replay_prologue(uint64_t capture_id, uint64_t increment) = 0;
+  virtual void capture_destroyed(uint64_t capture_id) = 0;
+};
+
+// What a stream asks while it is captured (an npu graph, graph/capture.h,
+// implements it; Note [NPU graph capture]). Several streams may belong to one
+// capture (Note [Multi-stream capture]).
 class StreamCapture {
  public:
   virtual ~StreamCapture() = default;
-  // NpuStream::enqueue on the captured stream: the task is recorded, not run.
-  virtual void add_task(std::function<void()> fn, double duration_us, const char* op) = 0;
-  // A host wait on the captured stream: invalidates the capture and raises
-  // CUDA's "operation not permitted when stream is capturing".
-  [[noreturn]] virtual void refuse_host_wait(const NpuStream& stream, const char* op) = 0;
-  // Something else the capture cannot record (an op that must synchronize):
-  // invalidates the capture and raises `message`.
-  [[noreturn]] virtual void invalidate(const std::string& message) = 0;
+  virtual uint64_t id() const = 0;
+  virtual CaptureMode mode() const = 0;
+  // The thread that began the capture (CaptureMode::kThreadLocal).
+  virtual std::thread::id thread() const = 0;
+  // The stream the capture began on.
+  virtual const NpuStream& origin() const = 0;
+  // NpuStream::enqueue on a stream of the capture: the task is recorded, not run.
+  virtual void add_task(NpuStream& stream, std::function<void()> fn, double duration_us, const char* op) = 0;
+  // An event record on a stream of the capture: a node of the graph (its id).
+  virtual uint64_t record_event(NpuStream& stream) = 0;
+  // `stream` waits on record node `node` of this capture; a stream not in the
+  // capture joins it.
+  virtual void wait_event(NpuStream& stream, uint64_t node) = 0;
+  virtual void add_client(std::shared_ptr<CaptureClient> client) = 0;
+  // Records `message` as the capture's failure (the first one wins), raises it.
+  [[noreturn]] virtual void refuse(const std::string& message) = 0;
+  // A host wait on `stream`, a stream of the capture: CUDA's "operation not
+  // permitted when stream is capturing".
+  [[noreturn]] void refuse_host_wait(const NpuStream& stream, const char* op);
 };
+
+// The captures underway (graph/graph.cpp registers them): looked up by id
+// (events recorded during a capture name theirs) and scanned by the refusals.
+void register_capture(StreamCapture* capture);
+void unregister_capture(const StreamCapture* capture);
+// Runs fn on capture `id` under the registry's lock; false when it is not underway.
+bool with_capture(uint64_t id, const std::function<void(StreamCapture&)>& fn);
+// A host query or wait `op` of the user's (Stream.query, Event.synchronize, ...)
+// on `target` (null: no one stream): raises CUDA's error, invalidating the capture,
+// when `target` is captured or an underway capture's mode forbids the call on this
+// thread. See Note [Capture-time refusals].
+void refuse_unsafe_call_during_capture(const char* op, const NpuStream* target);
 
 // Whether any stream of the process is being captured (one atomic load).
 bool any_stream_capturing();
@@ -105,10 +147,10 @@ class NpuStream {
   int priority() const { return priority_; }
   std::string name() const;
   c10::Stream unwrap() const;
-  // Set while this stream is captured: enqueue then hands tasks to the
+  // Set while this stream belongs to a capture: enqueue then hands tasks to the
   // capture and synchronize raises (Note [NPU graph capture]).
   StreamCapture* capture() const { return capture_.load(std::memory_order_acquire); }
-  // Begins (non-null) or ends (null) a capture of this stream.
+  // Joins (non-null) or leaves (null) a capture.
   void set_capture(StreamCapture* capture);
 
  private:

@@ -14,6 +14,8 @@
 #include "../aten/random_ops.cpp"
 #include "../aten/cuda_semantics.cpp"
 #include "../aten/attention.cpp"
+#include "../graph/capture.cpp"
+#include "../graph/replay.cpp"
 #include "../graph/graph.cpp"
 #include "../python/graph_bindings.cpp"
 #include "../python/ops_bindings.cpp"

@@ -30,6 +30,11 @@ sys.modules["torch_npu.npu"] = torch.npu
 for _name in torch.npu.SUBMODULES:
     sys.modules[f"torch_npu.npu.{_name}"] = getattr(torch.npu, _name)
 
+# torch_npu.npu's submodules that are npusim modules imported when a script imports them (ALIASED_MODULES of
+# npusim.compat.torch_npu: torch_npu.npu._graph_tree is npusim.compile.graph_trees, which imports inductor):
+# an empty __path__ makes the import system ask npusim run's finder for them (uninstall removes it).
+torch.npu.__path__ = []
+
 # The subpackages in this directory, imported on first attribute access as torch_npu's are on import.
 _SUBPACKAGES = frozenset(entry.removesuffix(".py") for entry in os.listdir(PACKAGE_DIR)
                          if not entry.startswith("__") and (entry.endswith(".py") or (PACKAGE_DIR / entry).is_dir()))

@@ -1,0 +1,178 @@
+// Replay of a captured npu graph: the origin's lane on the replay stream, the
+// other lanes on the device's replay lane streams, ordered by their records
+// and waits.
+#include "replay.h"
+
+#include "../runtime/device.h"
+
+#include <c10/util/Exception.h>
+
+#include <array>
+#include <chrono>
+#include <condition_variable>
+#include <thread>
+
+namespace npusim {
+
+// Note [Replaying the lanes]
+// A replay enqueues the origin's lane as ONE task on the current stream (so
+// the host cost of a replay does not grow with the number of ops, and the
+// graph runs after the stream's earlier work, asynchronously to the host), and
+// every other lane as one task on a replay lane stream of the device: streams
+// of their own, with their own workers, so that lanes captured in parallel run
+// in parallel (under the timing model two lanes' modelled durations overlap)
+// and a replay never queues behind the user's work on the streams it was
+// captured from. Within a replay each record node is a flag its lane raises
+// and each wait node blocks its lane until the flag is up; the flags are the
+// replay's own, so replays in flight do not see each other's records. Every
+// lane joined back to the origin's (Note [Multi-stream capture]), so the
+// replay stream's task completes only after all the graph's work: a
+// synchronize of the replay stream, an event recorded after the replay and the
+// stream-ordered frees see the whole graph. A task that fails stops the replay:
+// every flag is raised so no lane waits for ever, and the origin's task fails
+// with that error (reported by the replay stream, as asynchronous failures
+// are). Under NPUSIM_LAUNCH_BLOCKING=1 the replay runs every task on the
+// replay stream in the order they were captured, which every wait respects.
+
+namespace {
+
+// The record flags of one replay.
+class ReplayRun {
+ public:
+  explicit ReplayRun(size_t num_records) : done_(num_records, 0) {}
+
+  void complete(size_t record) {
+    {
+      std::lock_guard<std::mutex> lock(mutex_);
+      done_[record] = 1;
+    }
+    cv_.notify_all();
+  }
+  // False when the replay failed (no work may follow).
+  bool wait(size_t record) {
+    std::unique_lock<std::mutex> lock(mutex_);
+    cv_.wait(lock, [&] { return done_[record] != 0; });
+    return error_.empty();
+  }
+  void fail(const std::string& message) {
+    {
+      std::lock_guard<std::mutex> lock(mutex_);
+      if (error_.empty()) {
+        error_ = message;
+      }
+      std::fill(done_.begin(), done_.end(), 1);
+    }
+    cv_.notify_all();
+  }
+  std::string error() {
+    std::lock_guard<std::mutex> lock(mutex_);
+    return error_;
+  }
+
+ private:
+  std::mutex mutex_;
+  std::condition_variable cv_;
+  std::vector<char> done_;
+  std::string error_;
+};
+
+void run_task(const GraphTask& task) {
+  if (task.duration_us > 0) {  // the timing model's duration, as on a stream
+    std::this_thread::sleep_for(std::chrono::duration_cast<std::chrono::steady_clock::duration>(
+        std::chrono::duration<double, std::micro>(task.duration_us)));
+  }
+  task.fn();
+}
+
+void run_lane(const GraphLane& lane, ReplayRun& run) {
+  try {
+    for (const GraphTask& task : lane.tasks) {
+      switch (task.kind) {
+        case GraphTask::Kind::kRun:
+          run_task(task);
+          break;
+        case GraphTask::Kind::kRecord:
+          run.complete(task.record);
+          break;
+        case GraphTask::Kind::kWait:
+          if (!run.wait(task.record)) {
+            return;
+          }
+          break;
+      }
+    }
+  } catch (const c10::Error& e) {
+    run.fail(c10::str(e.what_without_backtrace(), " (in the replayed lane of ", lane.stream->name(), ")"));
+  } catch (const std::exception& e) {
+    run.fail(c10::str(e.what(), " (in the replayed lane of ", lane.stream->name(), ")"));
+  }
+}
+
+// The replay lane streams of each device: leaked, as the device's streams are
+// (their workers may run while static destructors do).
+NpuStream& replay_lane_stream(c10::DeviceIndex device, size_t lane) {
+  static std::mutex& mutex = *new std::mutex();
+  static auto& lanes = *new std::array<std::vector<NpuStream*>, kMaxDevices>();
+  std::lock_guard<std::mutex> lock(mutex);
+  auto& streams = lanes[device];
+  while (streams.size() < lane) {
+    // Ids after the device's own streams: they name the lane in traces and errors.
+    const auto id = static_cast<c10::StreamId>(kStreamsPerDevice + streams.size());
+    streams.push_back(new NpuStream(device, id, 0));
+  }
+  return *streams[lane - 1];
+}
+
+}  // namespace
+
+size_t CapturedGraph::num_tasks() const {
+  return issue_order.size();
+}
+
+std::shared_ptr<const CapturedGraph> make_captured_graph(c10::DeviceIndex device, std::vector<GraphLane> lanes,
+    size_t num_records, std::vector<std::pair<size_t, size_t>> issue_order) {
+  auto graph = std::make_shared<CapturedGraph>();
+  graph->device = device;
+  graph->lanes = std::move(lanes);
+  graph->num_records = num_records;
+  graph->issue_order = std::move(issue_order);
+  return graph;
+}
+
+void enqueue_replay(const std::shared_ptr<const CapturedGraph>& graph, NpuStream& stream,
+    std::vector<std::function<void()>> prologue) {
+  if (graph->lanes.size() == 1 || launch_blocking()) {
+    stream.enqueue([graph, prologue = std::move(prologue)] {
+      for (const auto& fn : prologue) {
+        fn();
+      }
+      for (const auto& [lane, index] : graph->issue_order) {
+        const GraphTask& task = graph->lanes[lane].tasks[index];
+        if (task.kind == GraphTask::Kind::kRun) {
+          run_task(task);
+        }
+      }
+    }, 0.0, "graph_replay");
+    return;
+  }
+  auto run = std::make_shared<ReplayRun>(graph->num_records);
+  // The side lanes first: each waits (on its first wait node) for the origin's lane.
+  for (size_t l = 1; l < graph->lanes.size(); ++l) {
+    replay_lane_stream(graph->device, l).enqueue(
+        [graph, run, l] { run_lane(graph->lanes[l], *run); }, 0.0, "graph_replay_lane");
+  }
+  stream.enqueue([graph, run, prologue = std::move(prologue)] {
+    try {
+      for (const auto& fn : prologue) {
+        fn();
+      }
+    } catch (const std::exception& e) {
+      run->fail(e.what());
+    }
+    run_lane(graph->lanes[0], *run);
+    const std::string error = run->error();
+    TORCH_CHECK(error.empty(), error);
+  }, 0.0, "graph_replay");
+}
+
+}  // namespace npusim

@@ -1,0 +1,158 @@
+"""Multi-stream capture: forked streams join the capture, must join back, and replay in parallel."""
+
+from __future__ import annotations
+
+import time
+
+import pytest
+import torch
+
+import npusim
+
+
+def _fork_join(a: torch.Tensor, b: torch.Tensor, side: torch.Stream) -> tuple[torch.Tensor, torch.Tensor]:
+    """The shared-expert pattern: a side-stream matmul forked from and joined back to the current stream."""
+    main = torch.npu.current_stream()
+    side.wait_stream(main)
+    with torch.npu.stream(side):
+        expert = a @ b
+    shared = torch.tanh(a) * 2
+    main.wait_stream(side)
+    return expert + shared, expert
+
+
+def _side_stream() -> torch.npu.Stream:
+    """A high-priority stream: never the normal-priority one torch.npu.graph captures (the pools hand streams out
+    round-robin, so after many streams a normal one may be the capture stream itself)."""
+    return torch.npu.Stream(priority=-1)
+
+
+def test_fork_join_capture_replays_equal_to_eager_with_both_streams_in_the_graph(tmp_path) -> None:  # noqa: ANN001
+    """A side-stream matmul captured by fork/join replays equal to eager, the side stream's work in its own lane."""
+    a, b = torch.randn(32, 32, device="npu"), torch.randn(32, 32, device="npu")
+    side = _side_stream()
+    g = torch.npu.NPUGraph()
+    g.enable_debug_mode()
+    torch.npu.synchronize()
+    with torch.npu.graph(g):
+        out, expert = _fork_join(a, b, side)
+    assert not npusim.runtime.acl.stream_is_capturing(side.stream_id, side.device_index)  # left the capture
+    for _ in range(2):
+        a.copy_(torch.randn(32, 32, device="npu"))
+        g.replay()
+        torch.npu.synchronize()
+        eager_out, eager_expert = _fork_join(a, b, side)
+        torch.testing.assert_close(out.cpu(), eager_out.cpu())
+        torch.testing.assert_close(expert.cpu(), eager_expert.cpu())
+    dump = tmp_path / "graph.txt"
+    g.debug_dump(str(dump))
+    lines = dump.read_text().splitlines()
+    assert "2 lanes" in lines[0]
+    side_lane = [line for line in lines if line.startswith(f"lane 1 (npu:0 stream {side.stream_id})")]
+    assert any("aten::mm" in line for line in side_lane)
+    assert not any("aten::mm" in line for line in lines if line.startswith("lane 0"))
+
+
+def test_captured_lanes_replay_in_parallel() -> None:
+    """Two streams' slow copies captured in parallel overlap on replay (timing model): about one copy's time."""
+    src = [torch.randn(16 * 1024, device="npu") for _ in range(2)]  # 64 KiB each
+    dst = [torch.empty_like(s) for s in src]
+    side = _side_stream()
+    g = torch.npu.NPUGraph()
+    with npusim.timing.model(copy_gbps=0.0005):  # ~130 ms per copy
+        with torch.npu.graph(g):
+            main = torch.npu.current_stream()
+            side.wait_stream(main)
+            with torch.npu.stream(side):
+                dst[1].copy_(src[1])
+            dst[0].copy_(src[0])
+            main.wait_stream(side)
+        start = time.perf_counter()
+        g.replay()
+        torch.npu.synchronize()
+        elapsed = time.perf_counter() - start
+    one_copy = 64 * 1024 / 0.0005e9
+    assert elapsed < 1.6 * one_copy, f"replay took {elapsed:.3f} s, a copy {one_copy:.3f} s: lanes ran in series"
+    for d, s in zip(dst, src, strict=True):
+        assert torch.equal(d.cpu(), s.cpu())
+
+
+def test_unjoined_side_stream_raises_cudas_error_and_leaves_streams_uncaptured() -> None:
+    """A forked stream with work the capturing stream never waits for fails capture_end with CUDA's error."""
+    a = torch.randn(8, 8, device="npu")
+    side = _side_stream()
+    g = torch.npu.NPUGraph()
+    with pytest.raises(RuntimeError, match="capturing stream has unjoined work") as error, torch.npu.graph(g):
+        side.wait_stream(torch.npu.current_stream())
+        with torch.npu.stream(side):
+            a.mul(3)
+    assert f"npu:0 stream {side.stream_id} joined the capture" in str(error.value)
+    assert not npusim.runtime.acl.stream_is_capturing(side.stream_id, side.device_index)
+    with pytest.raises(RuntimeError, match="has not been captured"):
+        g.replay()
+    with torch.npu.stream(side):  # the side stream runs work again
+        assert torch.equal((a * 2).cpu(), a.cpu() * 2)
+
+
+def test_waiting_on_unfinished_uncaptured_work_raises_cudas_isolation_error() -> None:
+    """A capturing stream waiting on an event of unfinished work outside the capture raises CUDA's error."""
+    other, capturing = torch.npu.Stream(), torch.npu.Stream(priority=-1)
+    src = torch.randn(16 * 1024, device="npu")
+    g = torch.npu.NPUGraph()
+    with npusim.timing.model(copy_gbps=0.0005):
+        torch.npu.synchronize()
+        with torch.npu.stream(capturing):
+            g.capture_begin()
+        with torch.npu.stream(other):  # not captured: a slow copy, still running when the capture waits on it
+            src.clone()
+            pending = torch.npu.Event()
+            pending.record()
+        with torch.npu.stream(capturing):
+            with pytest.raises(RuntimeError, match="dependency created on uncaptured work in another stream"):
+                capturing.wait_event(pending)
+            with pytest.raises(RuntimeError, match="invalidated"):
+                g.capture_end()
+    torch.npu.synchronize()
+
+
+def test_a_stream_of_one_capture_cannot_wait_on_another_capture() -> None:
+    """Waiting on an event recorded in another graph's capture raises CUDA's merge error."""
+    first, second = torch.npu.NPUGraph(), torch.npu.NPUGraph()
+    s1, s2 = torch.npu.Stream(), torch.npu.Stream()
+    with torch.npu.stream(s1):
+        first.capture_begin()
+        torch.ones(1, device="npu").add_(1)
+        event = torch.npu.Event()
+        event.record()
+    with torch.npu.stream(s2):
+        second.capture_begin()
+        with pytest.raises(RuntimeError, match="operation would result in a merge of separate capture sequences"):
+            s2.wait_event(event)
+        with pytest.raises(RuntimeError, match="invalidated"):
+            second.capture_end()
+    with torch.npu.stream(s1):
+        first.capture_end()
+    first.replay()
+    torch.npu.synchronize()
+
+
+def test_a_failing_lane_fails_the_replay_without_hanging() -> None:
+    """An error in a side lane's task stops the replay and is reported by the replay stream, not a hang."""
+    p = torch.full((16,), 0.5, device="npu")
+    side = _side_stream()
+    g = torch.npu.NPUGraph()
+    with torch.npu.graph(g):
+        main = torch.npu.current_stream()
+        side.wait_stream(main)
+        with torch.npu.stream(side):
+            draws = torch.bernoulli(p)  # p is read (and checked) when the replay runs
+        main.wait_stream(side)
+        total = draws.sum()
+    p.fill_(2.0)  # no longer a probability
+    g.replay()
+    with pytest.raises(RuntimeError, match=r"expected every element of p in \[0, 1\]"):
+        torch.npu.synchronize()
+    p.fill_(0.5)
+    g.replay()
+    torch.npu.synchronize()
+    assert 0 <= total.item() <= 16

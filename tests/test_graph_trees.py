@@ -1,0 +1,228 @@
+"""torch.compile(mode="reduce-overhead") on the npu: npu graph trees record and replay the compiled graphs."""
+
+from __future__ import annotations
+
+import copy
+from collections.abc import Iterator
+
+import pytest
+import torch
+from torch import nn
+from torch.nn import functional as F  # noqa: N812
+from torch.profiler import ProfilerActivity, profile
+
+import npusim
+from npusim.compat import torch_npu as shim
+from npusim.ops import trace_foreach_copy
+
+# What a replayed call may still dispatch on the host: the input copy and the new output tensors.
+NOT_COMPUTE = {"aten::_foreach_copy_", "aten::detach", "aten::empty", "aten::set_", "aten::alias"}
+
+
+def _tree() -> object:
+    from npusim.compile import graph_trees
+
+    return graph_trees.get_manager(0, create_if_none_exists=False)
+
+
+@pytest.fixture(autouse=True)
+def _fresh_trees() -> Iterator[None]:
+    from npusim.compile import graph_trees
+
+    torch._dynamo.reset()
+    graph_trees.reset_npugraph_trees()
+    yield
+    torch._dynamo.reset()
+    graph_trees.reset_npugraph_trees()
+
+
+class _Mlp(nn.Module):
+    def __init__(self) -> None:
+        super().__init__()
+        self.hidden, self.drop, self.out = nn.Linear(16, 32), nn.Dropout(0.25), nn.Linear(32, 8)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return self.out(self.drop(torch.relu(self.hidden(x))))
+
+
+def _loss(model: nn.Module, x: torch.Tensor, y: torch.Tensor) -> torch.Tensor:
+    return F.mse_loss(model(x), y)
+
+
+def _in_replay(event: object) -> bool:
+    """Whether ``event`` ran inside a graph replay (the replay's own kernels on the stream worker)."""
+    parent = event.cpu_parent
+    while parent is not None and not parent.name.endswith("graph_replay"):
+        parent = parent.cpu_parent
+    return parent is not None
+
+
+def _ops_and_replays(prof: profile) -> tuple[set[str], int]:
+    """The aten ops the call dispatched itself (not those its replays run) and the number of graph replays."""
+    events = prof.events()
+    ops = {e.name for e in events if e.name.startswith("aten::") and not _in_replay(e)}
+    return ops, sum(1 for e in events if e.name.endswith("graph_replay"))
+
+
+def test_reduce_overhead_mlp_training_step_replays_graphs_and_equals_eager() -> None:
+    """A compiled MLP step (dropout, backward, SGD): warm-up, record, then replays that dispatch no aten compute op,
+    one graph replay per forward and per backward; losses, masks' effect and parameters equal eager's."""
+    torch.manual_seed(0)
+    model = _Mlp().to("npu")
+    eager = copy.deepcopy(model)
+    compiled = torch.compile(_loss, mode="reduce-overhead")
+    opt_c, opt_e = (torch.optim.SGD(m.parameters(), lr=0.1) for m in (model, eager))
+    with torch._inductor.config.patch(fallback_random=True):  # eager's dropout draws, so eager is comparable
+        for step in range(4):
+            x, y = torch.randn(4, 16, device="npu"), torch.randn(4, 8, device="npu")
+            torch.npu.manual_seed(10 + step)
+            if step == 2:
+                with profile(activities=[ProfilerActivity.CPU, ProfilerActivity.PrivateUse1]) as fwd:
+                    loss = compiled(model, x, y)
+                seed = torch.ones((), device="npu")  # autograd's own seed gradient would be an ones_like
+                with profile(activities=[ProfilerActivity.CPU, ProfilerActivity.PrivateUse1]) as bwd:
+                    loss.backward(seed)
+            else:
+                loss = compiled(model, x, y)
+                loss.backward()
+            opt_c.step()
+            opt_c.zero_grad()
+            torch.npu.manual_seed(10 + step)
+            eager_loss = _loss(eager, x, y)
+            eager_loss.backward()
+            opt_e.step()
+            opt_e.zero_grad()
+            assert loss.item() == pytest.approx(eager_loss.item(), rel=1e-5), step
+    for prof in (fwd, bwd):
+        ops, replays = _ops_and_replays(prof)
+        assert ops <= NOT_COMPUTE, ops - NOT_COMPUTE
+        assert replays == 1
+    for pc, pe in zip(model.parameters(), eager.parameters(), strict=True):
+        torch.testing.assert_close(pc.cpu(), pe.cpu())
+    nodes = _tree().nodes()
+    assert len(nodes) == 2  # the forward and, as its child, the backward
+    assert nodes[1].parent is nodes[0]
+    assert torch._dynamo.utils.counters["inductor"]["npugraph_wrapped"] == 2
+
+
+def test_input_copy_takes_the_fast_route_once_per_replay() -> None:
+    """Each replay copies the new inputs into the static buffers with one _foreach_copy_ on the fast route."""
+    model = _Mlp().to("npu").eval()
+    compiled = torch.compile(model, mode="reduce-overhead")
+    with torch.no_grad():
+        for _ in range(2):  # warm-up, record
+            compiled(torch.randn(4, 16, device="npu"))
+        for _ in range(2):
+            x = torch.randn(4, 16, device="npu")
+            with trace_foreach_copy() as calls:
+                out = compiled(x)
+            assert len(calls) == 1
+            assert [g.route for g in calls[0].groups] == ["fast"]
+            torch.testing.assert_close(out.cpu(), model(x).cpu())
+
+
+def test_new_shapes_record_new_graphs_in_the_trees_one_pool() -> None:
+    """A new input shape warms up and records a new graph; the first shape still replays its own; one pool."""
+    model = _Mlp().to("npu").eval()
+    compiled = torch.compile(model, mode="reduce-overhead")
+    with torch.no_grad():
+        for batch in (4, 8):
+            for _ in range(3):
+                x = torch.randn(batch, 16, device="npu")
+                torch.testing.assert_close(compiled(x).cpu(), model(x).cpu())
+        recorded = len(_tree().nodes())
+        x = torch.randn(4, 16, device="npu")
+        torch.testing.assert_close(compiled(x).cpu(), model(x).cpu())
+    nodes = _tree().nodes()
+    assert recorded == len(nodes) == 2
+    batches = [{tuple(k[0]) for k in n.key if isinstance(k, tuple)} & {(4, 16), (8, 16)} for n in nodes]
+    assert sorted(b.pop() for b in batches) == [(4, 16), (8, 16)]
+    assert {n.graph.pool() for n in nodes} == {_tree().npu_graphs_pool}
+
+
+def test_warm_up_runs_eagerly_before_the_recording() -> None:
+    """The first call runs eagerly (no graph), the second records, the outputs of a past step raise when read."""
+    model = _Mlp().to("npu").eval()
+    compiled = torch.compile(model, mode="reduce-overhead")
+    with torch.no_grad():
+        x = torch.randn(4, 16, device="npu")
+        compiled(x)
+        assert _tree() is None or not _tree().nodes()
+        recorded = compiled(x)
+        assert len(_tree().nodes()) == 1
+        replayed = compiled(x)
+        torch.testing.assert_close(replayed.cpu(), model(x).cpu())
+    with pytest.raises(RuntimeError, match="accessing tensor output of CUDAGraphs that has been overwritten"):
+        recorded.sum()
+
+
+def _cycles(seconds: float) -> int:
+    """torch.npu._sleep's cycles for ``seconds`` at the current profile's clock."""
+    from npusim.runtime.profiles import get_profile
+
+    return int(seconds * 1e6 * get_profile().clock_mhz)
+
+
+def test_replay_sees_inputs_written_on_its_stream_and_not_those_of_another_without_a_wait() -> None:
+    """The review's replay smoke: input written by a slow copy on the calling stream is read by the replay; written
+    on another stream without a wait, the replay reads the old values; with the wait, the new ones."""
+    model = _Mlp().to("npu").eval()
+    compiled = torch.compile(model, mode="reduce-overhead")
+    x = torch.zeros(64, 16, device="npu")
+    side = torch.npu.Stream(priority=-1)  # never the tree's own (normal-priority) stream
+    with torch.no_grad():
+        compiled(x)
+        compiled(x)  # warm-up and record done
+        with npusim.timing.model(copy_gbps=0.0002):  # ~20 ms per 4 KiB copy
+            new = torch.randn(64, 16, device="npu")
+            x.copy_(new)  # on the calling stream
+            torch.testing.assert_close(compiled(x).cpu(), model(new).cpu())
+
+            newer = torch.randn(64, 16, device="npu")
+            side.wait_stream(torch.npu.current_stream())
+            with torch.npu.stream(side):
+                torch.npu._sleep(_cycles(0.2))  # the side stream is busy: its copy lands well after the replay's
+                x.copy_(newer)  # no wait: the replay's input copy runs first
+            stale = compiled(x)
+            torch.npu.synchronize()
+            torch.testing.assert_close(stale.cpu(), model(new).cpu())
+            side.wait_stream(torch.npu.current_stream())
+            with torch.npu.stream(side):
+                x.copy_(newer * 2)
+            torch.npu.current_stream().wait_stream(side)
+            torch.testing.assert_close(compiled(x).cpu(), model(newer * 2).cpu())
+
+
+def test_torch_npu_graph_tree_is_npusims_under_npusim_run() -> None:
+    """Under npusim's torch_npu, torch_npu.npu._graph_tree is npusim.compile.graph_trees with torch_npu's names."""
+    shim.install()
+    try:
+        import torch_npu  # noqa: F401
+        from torch_npu.npu._graph_tree import (  # the names torch_npu's test/npu/test_graph_tree.py imports
+            CompilationMode,
+            FunctionID,
+            NPUGraphNode,
+            NPUGraphTreeManager,
+            NPUWarmupNode,
+            TreeManagerContainer,
+            get_container,
+            get_manager,
+            npugraphify,
+            npugraphify_impl,
+            reset_npugraph_trees,
+        )
+
+        from npusim.compile import graph_trees
+
+        assert torch.npu._graph_tree is graph_trees
+        assert get_container(0) is get_container(0) and get_container(0) is not get_container(1)
+        assert NPUGraphTreeManager is graph_trees.NPUGraphTreeManager and NPUGraphNode is graph_trees.NPUGraphNode
+        imported = (CompilationMode, FunctionID, NPUWarmupNode, TreeManagerContainer, get_manager, npugraphify,
+                    npugraphify_impl, reset_npugraph_trees)
+        names = ("CompilationMode", "FunctionID", "NPUWarmupNode", "TreeManagerContainer", "get_manager",
+                 "npugraphify", "npugraphify_impl", "reset_npugraph_trees")
+        for name, obj in zip(names, imported, strict=True):
+            assert obj is getattr(graph_trees, name), name
+    finally:
+        shim.uninstall()
+    assert "_graph_tree" not in vars(torch.npu) and "__path__" not in vars(torch.npu)
