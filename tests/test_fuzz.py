@@ -49,3 +49,29 @@ def test_known_crash_still_crashes(name):
     result = subprocess.run([sys.executable, "-c", script], capture_output=True, timeout=300)
     assert result.returncode < 0 or result.returncode > 1, (
         f"{name} no longer crashes (rc {result.returncode}); remove it from KNOWN_CRASHES")
+
+
+def test_copy_onto_an_identical_stride0_view_returns_as_on_cpu():
+    """Seed 424242 case 2883: a _foreach_copy_ of a stride-0 view onto an identical view of the same
+    memory returns (nothing to copy) in both modes, as CPU and CUDA do; a different source still raises."""
+    case = copy_fuzz.generate(424242, 2883)
+    assert case.pairs[0][0] == case.pairs[0][1] and case.pairs[0][0].stride == (0,)
+    for mode in copy_fuzz.MODES:
+        outcome = copy_fuzz.check(case._replace(mode=mode))
+        assert (outcome.status, outcome.detail) == ("ok", ""), outcome.detail
+    base = torch.arange(4, dtype=torch.uint8, device="npu")
+    expanded = base.as_strided((3,), (0,))
+    assert expanded.copy_(base.as_strided((3,), (0,))) is expanded
+    with pytest.raises(RuntimeError, match="more than one element of the written-to tensor"):
+        expanded.copy_(base[1:])
+    assert torch.equal(base.cpu(), torch.arange(4, dtype=torch.uint8))
+
+
+def test_failure_classifier_tells_overlapping_destinations():
+    """The classifier's overlap test (aten::_debug_has_internal_overlap, which torch 2.13 has) names a
+    destination written twice as the known 'error-leaves-other-pairs-written' failure."""
+    overlapping, dense = copy_fuzz.generate(424242, 2883), copy_fuzz.generate(3, 17)
+    assert copy_fuzz._overlapping_destination(overlapping)
+    assert not copy_fuzz._overlapping_destination(dense)  # an empty destination
+    outcome = copy_fuzz.Outcome(overlapping, "fail", "base0 (destination) bytes differ from cpu after the error", ())
+    assert copy_fuzz.known(outcome) == "error-leaves-other-pairs-written"
