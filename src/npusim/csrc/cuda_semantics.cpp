@@ -22,7 +22,7 @@
 //     raises, as CUDA's does; CPU has no such state.
 //  6. Dtypes CUDA's kernel takes and CPU's refuses (this file, Note [Dtypes
 //     CUDA accepts and CPU refuses]): histc of integers, abs and trace of
-//     bool (and so softsign of bool).
+//     bool, complex nansum, fp16 / bf16 pooling, losses and rrelu.
 #include "fallback.h"
 
 #include <ATen/ATen.h>
@@ -30,6 +30,7 @@
 #include <ATen/native/Resize.h>
 #include <torch/library.h>
 
+#include <algorithm>
 #include <cstdint>
 #include <initializer_list>
 #include <limits>
@@ -172,8 +173,8 @@ std::tuple<at::Tensor, at::Tensor, at::Tensor> native_batch_norm_backward(const 
 
 // Note [Dtypes CUDA accepts and CPU refuses]
 // Found from OpInfo's per-device dtype lists (dtypesIfCUDA against dtypes,
-// checked by tests/test_cuda_semantics.py). For integer and bool input npu
-// computes what CUDA's kernel defines, with npu ops:
+// checked by tests/test_cuda_semantics.py). npu computes them as CUDA's
+// kernels define them, with npu ops or CPU's kernels:
 //  - histc of integers (torchtitan's MoE router counts expert indices so):
 //    CUDA's _histc_cuda, bounds in int64 (the accumulation type), the data's
 //    min and max when min == max, widened by one each way when equal, bin
@@ -181,16 +182,23 @@ std::tuple<at::Tensor, at::Tensor, at::Tensor> native_batch_norm_backward(const 
 //    last bin, counts in the input's dtype;
 //  - abs of bool: the identity (CUDA's abs kernel dispatches Bool);
 //    nn.functional.softsign of bool follows from it;
-//  - trace of bool: CUDA's trace_cuda, diagonal().sum() (int64).
+//  - trace of bool: CUDA's trace_cuda, diagonal().sum() (int64);
+//  - nansum of complex input (and so nanmean): CUDA's sum with every element
+//    that has a NaN part counted as zero;
+//  - fp16 / bf16 avg_pool3d, _upsample_bilinear2d_aa, multi_margin_loss,
+//    multilabel_margin_loss (forward and backward) and fp16 rrelu: CUDA's
+//    kernels read the reduced values into fp32 (their accumulation type),
+//    compute there and round the results once; npu runs CPU's fp32 kernel on
+//    the widened values and rounds its results (WIDENED_TO_FP32).
 // Every other dtype runs CPU's kernel, also where CPU accepts more than CUDA
 // (histc of fp16): a wider npu breaks no CUDA program. Not honoured, with
-// why: complex32 (ComplexHalf) arithmetic, reductions and fft, fp16 fft,
-// complex nansum / nanmean, fp16 / bf16 avg_pool3d, _upsample_bilinear2d_aa,
-// multi_margin_loss, multilabel_margin_loss and fp16 rrelu. CPU has no
-// kernel for them, and computing them in a wider dtype would put a dtype
-// test in front of CPU's kernel of every call of those ops (sum, div, exp
-// among them) for dtypes that PyTorch calls experimental (complex32) or that
-// models train in on no accelerator path npusim simulates.
+// why: complex32 (ComplexHalf, which PyTorch marks experimental) in about 25
+// elementwise ops, sum, prod, trace and the fft family, and fp16 fft. CPU
+// has no kernel for them and they are among the hottest ops (sum, div, exp):
+// a dtype test in front of their CPU kernels would cost every call, and
+// CUDA's fft in half runs cuFFT's half-precision transforms (power-of-two
+// sizes only), which an fp32 transform rounded to half is not. They raise
+// CPU's "not implemented for 'ComplexHalf'" / "Unsupported dtype Half".
 bool is_integral(const at::Tensor& t) {
   return at::isIntegralType(t.scalar_type(), /*includeBool=*/false);
 }
@@ -254,9 +262,103 @@ at::Tensor trace(const at::Tensor& self) {
   return self.diagonal().sum();
 }
 
+at::Tensor nansum_cuda(const at::Tensor& self, at::OptionalIntArrayRef dim, bool keepdim,
+    std::optional<c10::ScalarType> dtype) {
+  if (!self.is_complex()) {
+    return run_fallback("aten::nansum", {self, dim, keepdim, dtype})[0].toTensor();
+  }
+  const at::Tensor zeroed = at::where(at::isnan(self), at::zeros({}, self.options()), self);
+  return at::sum(zeroed, dim, keepdim, dtype);
+}
+
+at::Tensor& nansum_cuda_out(const at::Tensor& self, at::OptionalIntArrayRef dim, bool keepdim,
+    std::optional<c10::ScalarType> dtype, at::Tensor& out) {
+  if (!self.is_complex()) {
+    run_fallback("aten::nansum", {self, dim, keepdim, dtype, out}, "out");
+    return out;
+  }
+  const at::Tensor sum = nansum_cuda(self, dim, keepdim, dtype);
+  at::native::resize_output(out, sum.sizes());
+  out.copy_(sum);
+  return out;
+}
+
+// The ops whose fp16 / bf16 tensors npu widens to fp32 for CPU's kernel (Note
+// [Dtypes CUDA accepts and CPU refuses]), every variant.
+constexpr const char* WIDENED_TO_FP32[] = {
+    "avg_pool3d", "avg_pool3d.out", "avg_pool3d_backward", "avg_pool3d_backward.grad_input",
+    "_upsample_bilinear2d_aa", "_upsample_bilinear2d_aa.out", "_upsample_bilinear2d_aa_backward",
+    "_upsample_bilinear2d_aa_backward.grad_input", "multi_margin_loss", "multi_margin_loss.out",
+    "multi_margin_loss_backward", "multi_margin_loss_backward.grad_input", "multilabel_margin_loss_forward",
+    "multilabel_margin_loss_forward.output", "multilabel_margin_loss_backward",
+    "multilabel_margin_loss_backward.grad_input", "rrelu_with_noise", "rrelu_with_noise.out",
+    "rrelu_with_noise_", "rrelu_with_noise_backward"};
+
+bool is_reduced_float(const c10::IValue& v) {
+  if (!v.isTensor()) {
+    return false;
+  }
+  const at::Tensor& t = v.toTensor();
+  return t.defined() && (t.scalar_type() == at::kHalf || t.scalar_type() == at::kBFloat16);
+}
+
+// CPU's kernel on fp32 copies of the op's fp16 / bf16 tensors, its results
+// rounded back (written arguments are copied back into the caller's).
+void widened_fallback(const c10::OperatorHandle& op, torch::jit::Stack* stack) {
+  const auto& args = op.schema().arguments();
+  const size_t first = stack->size() - args.size();
+  std::optional<c10::ScalarType> reduced;
+  for (size_t i = 0; i < args.size() && !reduced; ++i) {
+    if (is_reduced_float((*stack)[first + i])) {
+      reduced = (*stack)[first + i].toTensor().scalar_type();
+    }
+  }
+  if (!reduced) {
+    npu_fallback(op, stack);
+    return;
+  }
+  std::vector<std::pair<at::Tensor, at::Tensor>> written;  // (the caller's tensor, its fp32 stand-in)
+  for (size_t i = 0; i < args.size(); ++i) {
+    c10::IValue& v = (*stack)[first + i];
+    if (is_reduced_float(v)) {
+      const at::Tensor original = v.toTensor();
+      const at::Tensor wide = original.to(at::kFloat);
+      if (args[i].alias_info() != nullptr && args[i].alias_info()->isWrite()) {
+        written.emplace_back(original, wide);
+      }
+      v = wide;
+    }
+  }
+  npu_fallback(op, stack);
+  for (auto& [original, wide] : written) {
+    at::native::resize_output(original, wide.sizes());
+    original.copy_(wide);
+  }
+  const size_t num_returns = op.schema().returns().size();
+  for (size_t i = stack->size() - num_returns; i < stack->size(); ++i) {
+    c10::IValue& r = (*stack)[i];
+    if (!r.isTensor() || !r.toTensor().defined()) {
+      continue;
+    }
+    const at::Tensor result = r.toTensor();
+    const auto same =
+        std::find_if(written.begin(), written.end(), [&](const auto& w) { return w.second.is_same(result); });
+    if (same != written.end()) {
+      r = same->first;
+    } else if (result.scalar_type() == at::kFloat) {
+      r = result.to(*reduced);
+    }
+  }
+}
+
 }  // namespace
 
 TORCH_LIBRARY_IMPL(aten, PrivateUse1, m) {
+  for (const char* name : WIDENED_TO_FP32) {
+    m.impl(name, torch::CppFunction::makeFromBoxedFunction<&widened_fallback>());
+  }
+  m.impl("nansum", TORCH_FN(nansum_cuda));
+  m.impl("nansum.out", TORCH_FN(nansum_cuda_out));
   m.impl("native_batch_norm", TORCH_FN(native_batch_norm));
   m.impl("native_batch_norm_backward", TORCH_FN(native_batch_norm_backward));
   m.impl("histc", TORCH_FN(histc));
