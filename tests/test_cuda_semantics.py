@@ -160,24 +160,100 @@ INTEGRAL = (torch.uint8, torch.int8, torch.int16, torch.int32, torch.int64)
 
 
 def _cuda_only_dtypes() -> dict[str, set[torch.dtype]]:
+    """OpInfo's dtypes CUDA lists and CPU does not, by op full name."""
     from torch.testing._internal.common_methods_invocations import op_db
 
-    out = {}
-    for op in op_db:
-        cpu = set(op.dtypes)
-        extra = set(op.dtypesIfCUDA) - cpu if op.dtypesIfCUDA is not None else set()
-        if extra:
-            out[op.full_name] = extra
-    return out
+    return {op.full_name: set(op.dtypesIfCUDA) - set(op.dtypes) for op in op_db
+            if op.dtypesIfCUDA is not None and set(op.dtypesIfCUDA) - set(op.dtypes)}
 
 
-def test_opinfo_integer_and_bool_dtypes_only_cuda_has_are_the_covered_ones():
-    """OpInfo's dtypesIfCUDA against dtypes: the integer / bool inputs CUDA accepts and CPU refuses are
-    histc's integers, abs, softsign and trace of bool, the ones npu computes as CUDA does."""
-    narrow = {name: {d for d in extra if not d.is_floating_point and not d.is_complex}
-              for name, extra in _cuda_only_dtypes().items()}
-    assert {name: d for name, d in narrow.items() if d} == {
-        "histc": set(INTEGRAL), "abs": {torch.bool}, "nn.functional.softsign": {torch.bool}, "trace": {torch.bool}}
+REDUCED = {torch.float16, torch.bfloat16}
+# (op, dtypes) npu computes as CUDA defines them; see Note [Dtypes CUDA accepts and CPU refuses].
+COMPUTED_AS_CUDA = {
+    "histc": set(INTEGRAL), "abs": {torch.bool}, "nn.functional.softsign": {torch.bool}, "trace": {torch.bool},
+    "nansum": {torch.complex64, torch.complex128}, "nanmean": {torch.complex64, torch.complex128},
+    "nn.functional.avg_pool3d": REDUCED, "_upsample_bilinear2d_aa": REDUCED,
+    "nn.functional.multi_margin_loss": REDUCED, "nn.functional.multilabel_margin_loss": REDUCED,
+    "nn.functional.rrelu": {torch.float16},
+}
+
+
+def _not_honoured(name: str, dtype: torch.dtype) -> bool:
+    """complex32, fp16 fft and CUDA's fused attention kernels (no CPU kernel at all), with the Note's reasons."""
+    return dtype == torch.complex32 or name.startswith(("fft.", "torch.ops.aten._"))
+
+
+def _on_npu(value):
+    return value.npu() if isinstance(value, torch.Tensor) else value
+
+
+def _to_cpu(tree):
+    return torch.utils._pytree.tree_map(lambda t: t.cpu() if isinstance(t, torch.Tensor) else t, tree)
+
+
+def _check_cuda_only(op, name: str, dtype: torch.dtype) -> None:
+    """The first two samples of ``op`` in ``dtype``: CUDA's results where npu computes them, CPU's where CPU runs
+    them, else a clear error for a dtype the Note says is not honoured."""
+    for sample in list(op.sample_inputs("cpu", dtype))[:2]:
+        args = [_on_npu(v) for v in (sample.input, *sample.args)]
+        kwargs = {k: _on_npu(v) for k, v in sample.kwargs.items()}
+        if dtype in COMPUTED_AS_CUDA.get(name, ()):
+            got = op(*args, **kwargs)
+            if name == "nn.functional.rrelu":  # random slopes: the dtype and the positive part
+                positive = sample.input > 0
+                assert got.dtype == dtype and torch.equal(got.cpu()[positive], sample.input[positive])
+            elif dtype in REDUCED:  # CUDA's definition: the reduced tensors read in fp32, rounded once
+                wide = [v.float() if isinstance(v, torch.Tensor) and v.dtype == dtype else v
+                        for v in (sample.input, *sample.args)]
+                assert_close(got.cpu(), op(*wide, **sample.kwargs).to(dtype), msg=f"{name} {dtype}")
+            else:
+                assert got.device.type == "npu", name
+            continue
+        try:
+            expected = op(sample.input, *sample.args, **sample.kwargs)
+        except (RuntimeError, NotImplementedError):
+            assert _not_honoured(name, dtype), f"{name} {dtype}: CPU refuses it and npu does not compute it"
+            with pytest.raises((RuntimeError, NotImplementedError)):
+                op(*args, **kwargs)
+            continue
+        assert_close(_to_cpu(op(*args, **kwargs)), expected, equal_nan=True, msg=f"{name} {dtype}")
+
+
+def test_opinfo_dtypes_only_cuda_has_are_computed_as_cuda_does():
+    """Every (op, dtype) OpInfo lists for CUDA and not for CPU: integer histc, bool abs / softsign / trace,
+    fp16 / bf16 pooling, losses and rrelu, complex nansum / nanmean give CUDA's results on npu; those CPU runs
+    already (stale OpInfo lists) run on npu; complex32, fp16 fft and CUDA's fused attention raise clear errors."""
+    from torch.testing._internal.common_methods_invocations import op_db
+
+    ops = {op.full_name: op for op in op_db}
+    extra = _cuda_only_dtypes()
+    integral = {name: {d for d in ds if not d.is_floating_point and not d.is_complex} for name, ds in extra.items()}
+    narrow = ("histc", "abs", "nn.functional.softsign", "trace")
+    assert {name: ds for name, ds in integral.items() if ds} == {n: COMPUTED_AS_CUDA[n] for n in narrow}
+    for name, dtypes in sorted(extra.items()):
+        for dtype in sorted(dtypes, key=str):
+            _check_cuda_only(ops[name], name, dtype)
+
+
+def test_widened_ops_keep_their_gradients_in_the_reduced_dtype():
+    """fp16 / bf16 avg_pool3d forward and backward on npu are CPU's fp32 kernels rounded once, as CUDA's
+    accumulate in fp32; the out= variant writes the caller's fp16 tensor."""
+    torch.manual_seed(0)
+    for dtype in sorted(REDUCED, key=str):
+        x = torch.randn(2, 3, 4, 4, 4, dtype=dtype)
+        xn = x.npu().requires_grad_()
+        out = F.avg_pool3d(xn, 2)
+        out.float().square().sum().backward()
+        xr = x.float().requires_grad_()
+        ref = F.avg_pool3d(xr, 2)
+        ref.to(dtype).float().square().sum().backward()
+        assert out.dtype == dtype and torch.equal(out.cpu(), ref.to(dtype))
+        assert xn.grad.dtype == dtype
+        assert_close(xn.grad.cpu(), xr.grad.to(dtype))
+    written = torch.empty(0, dtype=torch.float16, device="npu")
+    ones = torch.ones(1, 1, 2, 2, 2, dtype=torch.float16, device="npu")
+    assert torch._C._nn.avg_pool3d(ones, 2, out=written) is written
+    assert written.dtype == torch.float16 and written.cpu().flatten().tolist() == [1.0]
 
 
 @pytest.mark.parametrize("dtype", INTEGRAL, ids=str)
