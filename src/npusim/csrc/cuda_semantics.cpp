@@ -225,6 +225,13 @@ at::Tensor histc_integral(const at::Tensor& self, int64_t bins, const at::Scalar
   return at::bincount(index, {}, bins + 1).narrow(0, 0, bins).to(self.scalar_type());
 }
 
+// An out= variant's result: `out` resized (as CUDA's kernels do) and written.
+at::Tensor& write_out(at::Tensor& out, const at::Tensor& result) {
+  at::native::resize_output(out, result.sizes());
+  out.copy_(result);
+  return out;
+}
+
 at::Tensor histc(const at::Tensor& self, int64_t bins, const at::Scalar& min, const at::Scalar& max) {
   if (!is_integral(self)) {
     return run_fallback("aten::histc", {self, bins, min, max})[0].toTensor();
@@ -238,10 +245,7 @@ at::Tensor& histc_out(const at::Tensor& self, int64_t bins, const at::Scalar& mi
     run_fallback("aten::histc", {self, bins, min, max, out}, "out");
     return out;
   }
-  const at::Tensor counts = histc_integral(self, bins, min, max);
-  at::native::resize_output(out, counts.sizes());
-  out.copy_(counts);
-  return out;
+  return write_out(out, histc_integral(self, bins, min, max));
 }
 
 at::Tensor& abs_out(const at::Tensor& self, at::Tensor& out) {
@@ -249,9 +253,7 @@ at::Tensor& abs_out(const at::Tensor& self, at::Tensor& out) {
     run_fallback("aten::abs", {self, out}, "out");
     return out;
   }
-  at::native::resize_output(out, self.sizes());
-  out.copy_(self);
-  return out;
+  return write_out(out, self);
 }
 
 at::Tensor trace(const at::Tensor& self) {
@@ -277,10 +279,7 @@ at::Tensor& nansum_cuda_out(const at::Tensor& self, at::OptionalIntArrayRef dim,
     run_fallback("aten::nansum", {self, dim, keepdim, dtype, out}, "out");
     return out;
   }
-  const at::Tensor sum = nansum_cuda(self, dim, keepdim, dtype);
-  at::native::resize_output(out, sum.sizes());
-  out.copy_(sum);
-  return out;
+  return write_out(out, nansum_cuda(self, dim, keepdim, dtype));
 }
 
 // The ops whose fp16 / bf16 tensors npu widens to fp32 for CPU's kernel (Note
