@@ -15,7 +15,7 @@ TORCH_SPEC := torch==2.13.0
 
 install: $(STAMP)
 
-CXX_SOURCES := $(wildcard src/npusim/csrc/*.cpp src/npusim/csrc/*.h src/npusim/csrc/distributed/*.cpp src/npusim/csrc/distributed/*.h src/npusim/csrc/unity/*.cpp)
+CXX_SOURCES := $(wildcard src/npusim/csrc/*/*.cpp src/npusim/csrc/*/*.h)
 
 # Rebuilt when the C++ changes, so that tests and the demo never compile on import.
 $(STAMP): pyproject.toml setup.py $(CXX_SOURCES)

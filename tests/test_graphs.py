@@ -14,6 +14,7 @@ from npusim.ops import trace_foreach_copy
 from npusim.testing.ranks import run_ranks
 
 NOT_PERMITTED = "operation not permitted when stream is capturing"
+MIXED = "Expected all tensors to be on the same device, but found at least two devices"
 
 
 def _mlp() -> nn.Module:
@@ -179,6 +180,25 @@ def test_capture_errors_name_the_problem() -> None:
     assert not torch.npu.is_current_stream_capturing()
     with pytest.raises(RuntimeError, match="has not been captured"):
         g.replay()
+
+
+@pytest.mark.parametrize("op", [
+    pytest.param(lambda a, b: a.add(b), id="unboxed-add"),
+    pytest.param(lambda a, b: torch.cat([a, b]), id="boxed-cat"),
+])
+def test_capture_keeps_the_device_rules_of_eager(op) -> None:  # noqa: ANN001
+    """An op mixing npu:0 and npu:1 (or a CPU tensor that is no scalar) raises in a capture as it does eagerly."""
+    a = torch.ones(4, device="npu:0")
+    for other in (torch.ones(4, device="npu:1"), torch.ones(4)):
+        with pytest.raises(RuntimeError, match=MIXED) as eager:
+            op(a, other)
+        g = torch.npu.NPUGraph()
+        torch.npu.synchronize()
+        with pytest.raises(RuntimeError, match=MIXED) as captured, torch.npu.graph(g):
+            op(a, other)
+        assert str(captured.value).split("\n")[0] == str(eager.value).split("\n")[0]
+    a.add_(1)  # the device still works after the refused captures
+    assert torch.equal(a.cpu(), torch.full((4,), 2.0))
 
 
 def test_accelerator_graph_routes_to_npu() -> None:

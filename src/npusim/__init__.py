@@ -1,29 +1,29 @@
 """npusim: a simulated Ascend-style NPU for PyTorch, with CUDA-aligned
 ``torch._foreach_copy_`` and patch-free FSDP2.
 
-``import npusim`` registers a PrivateUse1 device named ``npu`` and the
-``torch.npu`` module (:mod:`npusim._device`), the npu kernel of
-``aten::_foreach_copy_`` (:mod:`npusim.ops`), the ``"hccl"`` collective
-backend (:mod:`npusim.distributed`) and ``torch.compile`` support
-(:mod:`npusim.compile`), so NPU training scripts work with just
-``import npusim``. This module only hands their public names on.
+``import npusim`` runs the one ordered registration step
+(:func:`npusim._device.register`): the PrivateUse1 device named ``npu`` and the
+``torch.npu`` module, then the npu kernels of the op plugin (:mod:`npusim.ops`),
+the ``"hccl"`` collective backend (:mod:`npusim.distributed`), ``torch.compile``
+support (:mod:`npusim.compile`) and the sanitizer when ``NPUSIM_SANITIZER=1``, so
+NPU training scripts work with just ``import npusim``. Importing those modules
+registers nothing; this module hands their public names on.
 """
 
 from __future__ import annotations
 
+import npusim.compile
+import npusim.distributed
+import npusim.ops
+from npusim import _device, sanitizer
+from npusim._device import BackendConflictError
+from npusim.runtime import timing
+from npusim.runtime.profiles import PRESETS, Profile, get_profile, set_profile, use_profile
+
 __version__ = "0.1.0"
 
-from npusim._device import BackendConflictError  # noqa: E402, I001  (registers the device first)
-from npusim.runtime import timing  # noqa: E402
-from npusim.runtime.profiles import PRESETS, Profile, get_profile, set_profile, use_profile  # noqa: E402
-
-import npusim.compile  # noqa: E402, I001  (torch.compile on the npu)
-import npusim.distributed  # noqa: E402, F401  (registers the collective backend)
-import npusim.ops  # noqa: E402, F401  (registers the _foreach_copy_ kernel)
-from npusim import sanitizer  # noqa: E402
-
-npusim.compile.register()  # torch.compile on the npu, registered lazily (Note in npusim/compile)
-sanitizer.enable_from_env()  # NPUSIM_SANITIZER=1
+_device.register(npusim.ops.register, npusim.distributed.register, npusim.compile.register,
+                 sanitizer.enable_from_env)
 
 __all__ = ["PRESETS", "BackendConflictError", "Profile", "get_profile", "sanitizer", "set_profile", "timing",
            "use_profile"]

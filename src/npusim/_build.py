@@ -37,7 +37,7 @@ class BuildError(RuntimeError):
 
 
 def cache_dir() -> Path:
-    root = config.env("NPUSIM_BUILD_DIR") or os.path.join(
+    root = config.build_dir() or os.path.join(
         os.environ.get("XDG_CACHE_HOME", os.path.expanduser("~/.cache")), "npusim")
     return Path(root) / f"torch-{torch.__version__}-py{sys.version_info.major}{sys.version_info.minor}"
 
@@ -71,9 +71,9 @@ def load_extension(name: str) -> ModuleType:
     sources = EXTENSIONS[name]
     expected = source_hash(sources, torch.__version__)
     installed = _installed_build_hash(name)
-    if not config.env("NPUSIM_BUILD_DIR") and installed == expected:
+    if not config.build_dir() and installed == expected:
         return importlib.import_module(f"npusim.{name}")
-    if config.env("NPUSIM_BUILD_DIR"):
+    if config.build_dir():
         reason = "NPUSIM_BUILD_DIR is set"
     elif installed is None:
         reason = "this install has no build of it (`pip install --no-build-isolation -e .` builds it once)"
@@ -124,7 +124,7 @@ def jit_build(name: str, sources: Sequence[Path], build_dir: Path, *, reason: st
             # behind, making every later load wait forever. Holding our flock
             # (released by the kernel when a process dies) proves it is stale.
             (build_dir / "lock").unlink(missing_ok=True)
-            verbose = compiling or config.parse_bool(config.env("NPUSIM_BUILD_VERBOSE"), "NPUSIM_BUILD_VERBOSE")
+            verbose = compiling or config.build_verbose()
             with _stdout_to_stderr() if verbose else contextlib.nullcontext():
                 return cpp_extension.load(
                     name=name,

@@ -1,13 +1,14 @@
-"""Registers the simulated ``npu`` device with PyTorch, once, on first import.
-
-Every layer that needs the device (``ops/``, ``distributed/``, the tools)
-imports this module, never the package face ``npusim/__init__.py``: the face
-imports those layers, and an import back up to it would be a circle.
+"""Registers the simulated ``npu`` device with PyTorch: :func:`register`, the one
+ordered registration step, which the package face ``npusim/__init__.py`` calls
+once (importing this module registers nothing).
 
 What registration does: checks that no other backend owns PrivateUse1, hands
 the C++ core the environment's settings (see :mod:`npusim.config`), installs
 the device guard, hooks and allocator, names PrivateUse1 ``npu``, registers
-``torch.npu`` and generates the ``Tensor.npu()`` methods.
+``torch.npu`` and generates the ``Tensor.npu()`` methods; then it runs the
+layers' registrations it is handed, in their order (the op plugin's kernels,
+the collective backend, torch.compile, the sanitizer). The layers are handed
+in by the face because they sit above this module: it imports none of them.
 """
 
 from __future__ import annotations
@@ -15,6 +16,7 @@ from __future__ import annotations
 import atexit
 import sys
 import time
+from collections.abc import Callable
 
 import torch
 
@@ -44,25 +46,33 @@ def _check_privateuse1_is_free() -> None:
             f"npusim cannot be imported: torch.npu is already provided by {torch.npu.__name__!r}.")
 
 
-# Physical NPUs of the simulated node when NPUSIM_DEVICE_COUNT is unset (csrc/runtime.cpp's default).
-DEFAULT_DEVICE_COUNT = 8
-
-
 def apply_settings() -> None:
     """Hands the C++ core the settings it needs before the first device is used."""
     from npusim.runtime import acl
 
-    count = config.env("NPUSIM_DEVICE_COUNT")
-    physical = config.parse_int(count, "NPUSIM_DEVICE_COUNT", 1, 16) if count else DEFAULT_DEVICE_COUNT
-    visible = config.parse_visible_devices(config.raw("ASCEND_RT_VISIBLE_DEVICES"), physical)
-    acl.set_device_count(len(visible))
-    acl.set_launch_blocking(config.parse_bool(config.env("NPUSIM_LAUNCH_BLOCKING"), "NPUSIM_LAUNCH_BLOCKING"))
-    conf = config.parse_alloc_conf(config.env("PYTORCH_NPU_ALLOC_CONF"))
+    physical = config.device_count(acl.DEFAULT_DEVICE_COUNT, acl.MAX_DEVICES)
+    acl.set_device_count(len(config.visible_devices(physical)))
+    acl.set_launch_blocking(config.launch_blocking())
+    conf = config.alloc_conf()
     acl.set_allocator_settings(-1 if conf.max_split_size is None else conf.max_split_size,
                                conf.garbage_collection_threshold, conf.roundup_power2_divisions)
 
 
-def _register() -> None:
+_registered = False
+
+
+def register(*layers: Callable[[], None]) -> None:
+    """Registers the npu device and ``torch.npu``, then calls each of ``layers`` in order; once."""
+    global _registered
+    if _registered:
+        return
+    _registered = True
+    _register_device()
+    for layer in layers:
+        layer()
+
+
+def _register_device() -> None:
     _check_privateuse1_is_free()
     apply_settings()
     from npusim.runtime import acl
@@ -80,8 +90,7 @@ def _register() -> None:
 
     timing.apply_env()
     # The device's total memory: the profile's HBM size unless NPUSIM_MEMORY_CAPACITY says otherwise.
-    capacity = config.env("NPUSIM_MEMORY_CAPACITY")
-    nbytes = config.parse_bytes(capacity, "NPUSIM_MEMORY_CAPACITY") if capacity else None
+    nbytes = config.memory_capacity()
     for index in range(acl.device_count()):
         memory.set_memory_capacity(nbytes, index)
 
@@ -103,5 +112,3 @@ def _drain_at_exit() -> None:
     acl.synchronize_all()
     time.sleep(0.05)
 
-
-_register()

@@ -2,9 +2,11 @@
 ``NPUSIM_*`` ones and the two of torch_npu it honours
 (``ASCEND_RT_VISIBLE_DEVICES``, ``PYTORCH_NPU_ALLOC_CONF``).
 
-Each variable is read through :func:`env` (the raw text) and one of the typed
-readers below, so that a bad value always gives a :class:`ConfigError` that
-names the variable and what it accepts. Lists of settings (``NPUSIM_TIMING``,
+Each variable has one typed accessor at the end of this module (``device_count``,
+``alloc_conf``, ...), which every caller uses: no other module reads or bounds an
+environment variable. The accessors read through :func:`env` (the raw text) and
+one of the typed readers below, so that a bad value always gives a
+:class:`ConfigError` that names the variable and what it accepts. Lists of settings (``NPUSIM_TIMING``,
 ``NPUSIM_PROFILE_OVERRIDES``) share one ``key=value,key=value`` parser. The C++
 core reads no environment itself: Python hands it the parsed values through
 setters (see ``npusim._device.apply_settings``).
@@ -14,6 +16,7 @@ This module imports nothing of npusim or torch: it sits below every layer.
 
 from __future__ import annotations
 
+import functools
 import os
 import re
 from collections.abc import Callable, Mapping
@@ -206,3 +209,95 @@ def parse_alloc_conf(text: str) -> AllocConf:
         roundup_power2_divisions=settings.get("roundup_power2_divisions", 0),  # type: ignore[arg-type]
         expandable_segments=settings.get("expandable_segments", False),  # type: ignore[arg-type]
     )
+
+
+# ---- one typed accessor per variable ----------------------------------------------
+# Bounds that the C++ core defines (the device count's) are handed in by the
+# caller, which reads them from the core (runtime/acl.py): this module imports
+# nothing of npusim.
+
+
+def device_count(default: int, maximum: int) -> int:
+    """``NPUSIM_DEVICE_COUNT``: the simulated node's physical NPUs (``default`` when unset)."""
+    text = env("NPUSIM_DEVICE_COUNT")
+    return parse_int(text, "NPUSIM_DEVICE_COUNT", 1, maximum) if text else default
+
+
+def visible_devices(physical: int) -> list[int]:
+    """``ASCEND_RT_VISIBLE_DEVICES`` over ``physical`` NPUs (see :func:`parse_visible_devices`)."""
+    return parse_visible_devices(raw("ASCEND_RT_VISIBLE_DEVICES"), physical)
+
+
+def launch_blocking() -> bool:
+    """``NPUSIM_LAUNCH_BLOCKING``."""
+    return parse_bool(env("NPUSIM_LAUNCH_BLOCKING"), "NPUSIM_LAUNCH_BLOCKING")
+
+
+@functools.cache
+def alloc_conf() -> AllocConf:
+    """``PYTORCH_NPU_ALLOC_CONF``, parsed once per process (the allocator holds what it says)."""
+    return parse_alloc_conf(env("PYTORCH_NPU_ALLOC_CONF"))
+
+
+def memory_capacity() -> int | None:
+    """``NPUSIM_MEMORY_CAPACITY`` in bytes; None when unset (the profile's HBM size applies)."""
+    text = env("NPUSIM_MEMORY_CAPACITY")
+    return parse_bytes(text, "NPUSIM_MEMORY_CAPACITY") if text else None
+
+
+def device_capability() -> tuple[int, int] | None:
+    """``TORCH_NPU_DEVICE_CAPABILITY`` as (major, minor); None when unset or empty."""
+    text = raw("TORCH_NPU_DEVICE_CAPABILITY")
+    if not text:
+        return None
+    match = re.fullmatch(r"\s*(\d+)\.(\d+)\s*", text)
+    if not match:
+        raise fail("TORCH_NPU_DEVICE_CAPABILITY", "'major.minor' such as '8.0'", text)
+    return int(match.group(1)), int(match.group(2))
+
+
+def profile_name() -> str:
+    """``NPUSIM_PROFILE``: the capability preset's name."""
+    return env("NPUSIM_PROFILE")
+
+
+def profile_overrides(readers: Mapping[str, Callable[[str, str], T]]) -> dict[str, T]:
+    """``NPUSIM_PROFILE_OVERRIDES``, with one reader per flag (the profiles module's)."""
+    return parse_settings(env("NPUSIM_PROFILE_OVERRIDES"), "NPUSIM_PROFILE_OVERRIDES", readers)
+
+
+def timing(fields: tuple[str, ...]) -> dict[str, float] | None:
+    """``NPUSIM_TIMING`` as {field: value >= 0} over the timing model's ``fields``; None when unset."""
+    text = env("NPUSIM_TIMING")
+    if not text:
+        return None
+    return parse_timing(text, fields)
+
+
+def parse_timing(text: str, fields: tuple[str, ...]) -> dict[str, float]:
+    """Parses ``"copy_gbps=2,launch_us=20"`` over the timing model's ``fields``."""
+    readers = {key: lambda value, name: parse_float(value, name, low=0.0) for key in fields}
+    return parse_settings(text, "NPUSIM_TIMING", readers)
+
+
+FOREACH_COPY_MODES = ("aligned", "legacy")
+
+
+def foreach_copy_mode() -> str:
+    """``NPUSIM_FOREACH_COPY_MODE``: "aligned" or "legacy"."""
+    return parse_choice(env("NPUSIM_FOREACH_COPY_MODE"), "NPUSIM_FOREACH_COPY_MODE", FOREACH_COPY_MODES)
+
+
+def sanitizer() -> bool:
+    """``NPUSIM_SANITIZER``."""
+    return parse_bool(env("NPUSIM_SANITIZER"), "NPUSIM_SANITIZER")
+
+
+def build_dir() -> str:
+    """``NPUSIM_BUILD_DIR``; "" when unset (the install-time build or the user cache)."""
+    return env("NPUSIM_BUILD_DIR")
+
+
+def build_verbose() -> bool:
+    """``NPUSIM_BUILD_VERBOSE``."""
+    return parse_bool(env("NPUSIM_BUILD_VERBOSE"), "NPUSIM_BUILD_VERBOSE")

@@ -94,7 +94,7 @@ def _add_row(min_run_time: float) -> tuple[Row, list[benchmark.Measurement]]:
 
 
 def _train_step_fn(device: str) -> Callable[[], float]:
-    from npusim.tools.demo import SEQ, VOCAB, demo_model
+    from npusim.testing.models import SEQ, VOCAB, demo_model
 
     torch.manual_seed(0)
     model = copy.deepcopy(demo_model()).to(device)

@@ -8,7 +8,7 @@ Note [Registering with dynamo and inductor lazily]. What each piece does:
 - :mod:`npusim.compile.inductor`: inductor's C++ kernels computing on npu
   memory, with the npu's device semantics added by the wrapper codegen
   (see Note [Compiled code in stream order]);
-- :mod:`npusim.compile.runtime`: the helpers the generated code calls.
+- :mod:`npusim.compile.generated_calls`: the helpers the generated code calls.
 
 Note [Registering with dynamo and inductor lazily]
 --------------------------------------------------
@@ -34,8 +34,6 @@ import sys
 import warnings
 from collections.abc import Callable
 from types import ModuleType
-
-import npusim._device  # noqa: F401  (the npu exists before dynamo or inductor asks about it)
 
 __all__ = ["register"]
 

@@ -18,7 +18,7 @@ Eager npu compute (the boxed fallback) runs on the host, synchronously, after
 the current stream's earlier work. A compiled region keeps that contract:
 
 - before each C++ kernel the wrapper calls ``wait_stream(device)``
-  (:mod:`npusim.compile.runtime`), so the kernel never reads an input that a
+  (:mod:`npusim.compile.generated_calls`), so the kernel never reads an input that a
   copy still queued on the stream has not written yet, nor writes memory an
   earlier queued task still reads. Before each kernel, not once per call:
   the region's own eager calls (extern kernels, fallbacks, the ``copy_`` of a
@@ -76,14 +76,14 @@ __all__ = [
 ]
 
 _WAIT = "npusim_wait_stream"
-_RUNTIME_IMPORT = f"from npusim.compile.runtime import wait_stream as {_WAIT}"
+_RUNTIME_IMPORT = f"from npusim.compile.generated_calls import wait_stream as {_WAIT}"
 
 
 class NpuDeviceOpOverrides(DeviceOpOverrides):
     """The Python lines inductor's wrapper uses for npu device calls."""
 
     def import_get_raw_stream_as(self, name: str) -> str:
-        return f"from npusim.compile.runtime import get_raw_stream as {name}"
+        return f"from npusim.compile.generated_calls import get_raw_stream as {name}"
 
     def set_device(self, device_idx: int) -> str:
         return f"torch.npu.set_device({device_idx})"

@@ -15,8 +15,6 @@ from typing import Any
 import torch
 from torch.utils._pytree import tree_flatten, tree_map, tree_unflatten
 
-import npusim._device  # noqa: F401  (registers the npu device)
-
 __all__ = ["SampleResult", "dtype_from_name", "load_op_db", "ops_by_name", "run_op", "sample_count"]
 
 # Note [Differential conformance]

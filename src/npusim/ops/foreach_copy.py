@@ -34,7 +34,7 @@ from npusim.ops.trace import CallRecord, GroupRecord, Route
 from npusim.runtime import acl, profiles
 
 CHUNK = acl.SINGLE_FOREACH_OP_TENSOR_COUNT  # pairs per device task (aclnnForeachCopy limit)
-MODES = ("aligned", "legacy")
+MODES = config.FOREACH_COPY_MODES
 MODE_ENV = "NPUSIM_FOREACH_COPY_MODE"
 
 # Note [Legacy mode]
@@ -56,7 +56,7 @@ def _range(route: Route) -> AbstractContextManager[object]:
 
 
 def _mode_from_env() -> str:
-    return config.parse_choice(config.env(MODE_ENV), MODE_ENV, MODES)
+    return config.foreach_copy_mode()
 
 
 _mode: str = _mode_from_env()
@@ -219,13 +219,23 @@ def foreach_copy(self: list[torch.Tensor], src: list[torch.Tensor], non_blocking
     return out
 
 
-# The native kernel's way into the routing. The op it calls and the mode it mirrors
-# exist before the kernel is registered (See Note [Native _foreach_copy_ kernel]).
-_routed = torch.library.Library("npusim", "FRAGMENT")  # module-level: the registrations live as long as they do
-_routed.define("_foreach_copy_routed(Tensor(a!)[] self, Tensor[] src, bool non_blocking=False) -> ()")
-_routed.impl("_foreach_copy_routed", foreach_copy_, "PrivateUse1")
-set_foreach_copy_mode(_mode)
-acl.register_foreach_copy_kernel()
-# A PrivateUse1 kernel takes precedence over the CompositeExplicitAutograd composite.
-_lib = torch.library.Library("aten", "IMPL")
-_lib.impl("_foreach_copy", foreach_copy, "PrivateUse1")
+# The registrations live as long as these library objects (made by register()).
+_libraries: list[torch.library.Library] = []
+
+
+def register() -> None:
+    """Registers the npu kernels of ``_foreach_copy_`` and ``_foreach_copy`` (idempotent).
+
+    The native kernel's way into the routing, the op it calls and the mode it mirrors,
+    exist before the kernel is registered (See Note [Native _foreach_copy_ kernel])."""
+    if _libraries:
+        return
+    routed = torch.library.Library("npusim", "FRAGMENT")
+    routed.define("_foreach_copy_routed(Tensor(a!)[] self, Tensor[] src, bool non_blocking=False) -> ()")
+    routed.impl("_foreach_copy_routed", foreach_copy_, "PrivateUse1")
+    set_foreach_copy_mode(_mode)
+    acl.register_foreach_copy_kernel()
+    # A PrivateUse1 kernel takes precedence over the CompositeExplicitAutograd composite.
+    functional = torch.library.Library("aten", "IMPL")
+    functional.impl("_foreach_copy", foreach_copy, "PrivateUse1")
+    _libraries.extend((routed, functional))

@@ -15,7 +15,8 @@ from __future__ import annotations
 import torch
 from torch import Tensor
 
-_lib = torch.library.Library("aten", "IMPL")  # module-level: the registrations live as long as it does
+# The registrations live as long as this library object (made by register()).
+_lib: torch.library.Library | None = None
 
 
 def _gates(input_gates: Tensor, hidden_gates: Tensor, input_bias: Tensor | None,
@@ -85,7 +86,13 @@ def gru_cell_backward(grad_hy: Tensor, workspace: Tensor,
             grad_input_gates.sum(0), grad_hidden_gates.sum(0))
 
 
-_lib.impl("_thnn_fused_lstm_cell", lstm_cell, "PrivateUse1")
-_lib.impl("_thnn_fused_lstm_cell_backward_impl", lstm_cell_backward, "PrivateUse1")
-_lib.impl("_thnn_fused_gru_cell", gru_cell, "PrivateUse1")
-_lib.impl("_thnn_fused_gru_cell_backward", gru_cell_backward, "PrivateUse1")
+def register() -> None:
+    """Registers the fused cells as the npu kernels of PyTorch's CUDA-only ops (idempotent)."""
+    global _lib
+    if _lib is not None:
+        return
+    _lib = torch.library.Library("aten", "IMPL")
+    _lib.impl("_thnn_fused_lstm_cell", lstm_cell, "PrivateUse1")
+    _lib.impl("_thnn_fused_lstm_cell_backward_impl", lstm_cell_backward, "PrivateUse1")
+    _lib.impl("_thnn_fused_gru_cell", gru_cell, "PrivateUse1")
+    _lib.impl("_thnn_fused_gru_cell_backward", gru_cell_backward, "PrivateUse1")

@@ -16,7 +16,8 @@ from __future__ import annotations
 import torch
 from torch import Tensor
 
-_lib = torch.library.Library("aten", "IMPL")  # module-level: the registrations live as long as it does
+# The registrations live as long as this library object (made by register()).
+_lib: torch.library.Library | None = None
 
 
 def _acc_dtype(t: Tensor) -> torch.dtype:
@@ -113,9 +114,15 @@ def batch_norm_backward_elemt(grad_out: Tensor, inp: Tensor, mean: Tensor, invst
     return grad.to(inp.dtype)
 
 
-for _name, _fn in [("batch_norm_stats", batch_norm_stats),
-                   ("batch_norm_gather_stats_with_counts", batch_norm_gather_stats_with_counts),
-                   ("batch_norm_elemt", batch_norm_elemt),
-                   ("batch_norm_backward_reduce", batch_norm_backward_reduce),
-                   ("batch_norm_backward_elemt", batch_norm_backward_elemt)]:
-    _lib.impl(_name, _fn, "PrivateUse1")
+def register() -> None:
+    """Registers SyncBatchNorm's statistics kernels for the npu (idempotent)."""
+    global _lib
+    if _lib is not None:
+        return
+    _lib = torch.library.Library("aten", "IMPL")
+    for name, fn in [("batch_norm_stats", batch_norm_stats),
+                     ("batch_norm_gather_stats_with_counts", batch_norm_gather_stats_with_counts),
+                     ("batch_norm_elemt", batch_norm_elemt),
+                     ("batch_norm_backward_reduce", batch_norm_backward_reduce),
+                     ("batch_norm_backward_elemt", batch_norm_backward_elemt)]:
+        _lib.impl(name, fn, "PrivateUse1")

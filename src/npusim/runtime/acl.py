@@ -65,8 +65,10 @@ def busy_streams(device: int) -> tuple[int, int]:
 # ---- memory (aclrtGetMemInfo, ...) ------------------------------------------
 
 
-# kStreamsPerDevice (runtime.h): the default stream and two pools of 8.
-STREAMS_PER_DEVICE = 17
+# The simulated node's sizes, defined once in the core (csrc/runtime/npu_type.h).
+DEFAULT_DEVICE_COUNT: int = int(C.DEFAULT_DEVICE_COUNT)  # physical NPUs when NPUSIM_DEVICE_COUNT is unset
+MAX_DEVICES: int = int(C.MAX_DEVICES)
+STREAMS_PER_DEVICE: int = int(C.STREAMS_PER_DEVICE)  # the default stream and two pools of 8
 
 # ---- memory (aclrtGetMemInfo, aclrtMalloc's caching allocator, ...) ---------
 
@@ -80,6 +82,8 @@ reset_accumulated_memory_stats: Callable[[int], None] = C.reset_accumulated_memo
 empty_cache: Callable[[], None] = C.empty_cache
 # (max_split_size bytes or -1, garbage_collection_threshold or 0, roundup_power2_divisions or 0)
 set_allocator_settings: Callable[[int, float, int], None] = C.set_allocator_settings
+# What the allocator holds: max_split_size (bytes or None), garbage_collection_threshold, roundup_power2_divisions.
+allocator_settings: Callable[[], dict[str, Any]] = C.allocator_settings
 # Segments as torch.cuda.memory_snapshot lists them (one block per segment).
 memory_snapshot: Callable[[], list[dict[str, Any]]] = C.memory_snapshot
 # (enabled, max_entries): the alloc / free trace of _record_memory_history.

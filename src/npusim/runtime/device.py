@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import re
 import warnings
 from typing import Any, NamedTuple
 
@@ -138,15 +137,12 @@ def get_device_capability(device: _device_t = None) -> tuple[int, int] | None:
     """torch_npu's contract, not CUDA's: ``(major, minor)`` from ``TORCH_NPU_DEVICE_CAPABILITY``
     ("8.0"), else None with a warning (an NPU has no CUDA compute capability)."""
     _check_index(_get_device_index(device, check_range=False), "get_device_capability")
-    text = config.raw("TORCH_NPU_DEVICE_CAPABILITY")
-    if not text:
+    capability = config.device_capability()
+    if capability is None:
         warnings.warn("torch.npu.get_device_capability: set TORCH_NPU_DEVICE_CAPABILITY (e.g. '8.0') to report "
                       "a capability; an NPU has none, so None is returned (as torch_npu does)", stacklevel=2)
         return None
-    match = re.fullmatch(r"\s*(\d+)\.(\d+)\s*", text)
-    if not match:
-        raise config.fail("TORCH_NPU_DEVICE_CAPABILITY", "'major.minor' such as '8.0'", text)
-    return int(match.group(1)), int(match.group(2))
+    return capability
 
 
 def can_device_access_peer(device: _device_t, peer_device: _device_t) -> bool:

@@ -191,7 +191,9 @@ def _snapshot(device: _device_t = None) -> dict[str, Any]:
     return {
         "segments": acl.memory_snapshot(),
         "device_traces": [acl.memory_trace(index) for index in range(acl.device_count())],
-        "allocator_settings": dict(config.parse_alloc_conf(config.env("PYTORCH_NPU_ALLOC_CONF"))._asdict()),
+        # What the allocator holds (PYTORCH_NPU_ALLOC_CONF as parsed once), plus the keys accepted without effect.
+        "allocator_settings": {**acl.allocator_settings(),
+                               "expandable_segments": config.alloc_conf().expandable_segments},
     }
 
 

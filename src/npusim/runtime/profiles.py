@@ -89,9 +89,13 @@ DEFAULT = "training_soc"
 
 def parse_overrides(text: str) -> dict[str, object]:
     """Parses ``"nd_out=0,batch=true,sync_timeout_s=5"`` (``NPUSIM_PROFILE_OVERRIDES``)."""
+    return config.parse_settings(text, "NPUSIM_PROFILE_OVERRIDES", _override_readers())
+
+
+def _override_readers() -> dict[str, object]:
     readers = {flag: config.parse_bool for flag in FLAGS}
     readers["sync_timeout_s"] = config.parse_float
-    return config.parse_settings(text, "NPUSIM_PROFILE_OVERRIDES", readers)
+    return readers
 
 
 def make_profile(name: str | Profile = DEFAULT, **overrides: object) -> Profile:
@@ -106,7 +110,7 @@ def make_profile(name: str | Profile = DEFAULT, **overrides: object) -> Profile:
 
 
 def _from_env() -> Profile:
-    return make_profile(config.env("NPUSIM_PROFILE"), **parse_overrides(config.env("NPUSIM_PROFILE_OVERRIDES")))
+    return make_profile(config.profile_name(), **config.profile_overrides(_override_readers()))
 
 
 def _activate(profile: Profile) -> Profile:

@@ -51,11 +51,10 @@ def model(copy_gbps: float = 0.0, launch_us: float = 0.0, link_gbps: float = 0.0
 
 def parse(text: str) -> TimingModel:
     """Parses ``"copy_gbps=2,launch_us=20,link_gbps=1"`` (``NPUSIM_TIMING``)."""
-    readers = {key: lambda value, name: config.parse_float(value, name, low=0.0) for key in TimingModel._fields}
-    return TimingModel(**config.parse_settings(text, "NPUSIM_TIMING", readers))
+    return TimingModel(**config.parse_timing(text, TimingModel._fields))
 
 
 def apply_env() -> None:
-    text = config.env("NPUSIM_TIMING")
-    if text:
-        set(*parse(text))
+    settings = config.timing(TimingModel._fields)
+    if settings is not None:
+        set(*TimingModel(**settings))

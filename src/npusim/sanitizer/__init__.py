@@ -31,7 +31,6 @@ from collections.abc import Iterator
 from contextlib import contextmanager
 from typing import Literal
 
-import npusim._device  # noqa: F401  (registers the npu device first)
 from npusim import config
 from npusim.runtime import acl
 from npusim.sanitizer.clocks import StreamKey
@@ -192,5 +191,5 @@ def enabled(on_race: OnRace = "raise") -> Iterator[Sanitizer]:
 
 
 def enable_from_env() -> None:
-    if config.parse_bool(config.env(ENV), ENV):
+    if config.sanitizer():
         enable()

@@ -1,7 +1,8 @@
 """A small decoder-only transformer for FSDP2 runs: tied embedding and output
 weights, every block call checkpointed (either ``use_reentrant``), and an
 ``order`` of block calls that may repeat a block. Shared by the fsdp-enhance
-benchmark and tests/test_fsdp_enhance.py."""
+benchmark and tests/test_fsdp_enhance.py; :func:`demo_model` is the one the
+demo (``npusim.tools.demo``) and the sim-cost benchmark train."""
 
 from __future__ import annotations
 
@@ -60,3 +61,12 @@ class TinyTransformer(nn.Module):
     @staticmethod
     def _wide(block: nn.Module, h: torch.Tensor) -> torch.Tensor:
         return block(torch.tanh(h)) * 1.5
+
+
+# The demo model's vocabulary and sequence length (its training step draws tokens of them).
+VOCAB, SEQ = 64, 32
+
+
+def demo_model() -> nn.Module:
+    """The demo's model: the shared test transformer at dim 64, without checkpointing."""
+    return TinyTransformer(vocab=VOCAB, dim=64, heads=4, seq=SEQ, n_blocks=2, use_reentrant=None)

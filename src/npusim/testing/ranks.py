@@ -18,6 +18,7 @@ as soon as one fails, dies or the deadline passes, then raises
 
 from __future__ import annotations
 
+import io
 import multiprocessing as mp
 import os
 import queue
@@ -28,6 +29,7 @@ from contextlib import contextmanager
 from datetime import timedelta
 from typing import Any
 
+import torch
 import torch.distributed as dist
 
 __all__ = ["BASE_ENV", "RanksError", "run_ranks"]
@@ -63,11 +65,30 @@ def _environ(env: dict[str, str]) -> Iterator[None]:
                 os.environ[k] = v
 
 
+def _to_bytes(value: Any) -> bytes:
+    """A rank's result as plain bytes (see Note [Results cross as bytes])."""
+    buffer = io.BytesIO()
+    torch.save(value, buffer)
+    return buffer.getvalue()
+
+
+def _from_bytes(data: bytes) -> Any:
+    return torch.load(io.BytesIO(data), weights_only=False)
+
+
+# Note [Results cross as bytes]
+# Once torch.multiprocessing is imported (torch.distributed imports it), a
+# tensor put on a multiprocessing queue travels as a handle to shared memory
+# that the receiver fetches from the sender's resource sharer when it
+# unpickles the item. A rank that returns and exits right after its put can be
+# gone by then, and the parent's get fails with FileNotFoundError (seen about
+# once in two suite runs on a loaded machine). A rank's result is therefore
+# serialized with torch.save into bytes, which carry their own data.
+
+
 def _rank_main(rank: int, world_size: int, port: int, backend: str | None, bind_device: bool,
                pg_timeout_s: float, fn: Callable[..., Any], args: tuple[Any, ...], results: Any) -> None:
     try:
-        import torch
-
         import npusim.distributed  # noqa: F401  (npu device and its collective backend)
 
         torch.set_num_threads(1)
@@ -81,7 +102,7 @@ def _rank_main(rank: int, world_size: int, port: int, backend: str | None, bind_
         device_id = torch.device("npu", rank) if bind_device else None
         dist.init_process_group(backend, store=store, rank=rank, world_size=world_size, timeout=timeout,
                                 device_id=device_id)
-        results.put((rank, True, fn(rank, world_size, *args)))
+        results.put((rank, True, _to_bytes(fn(rank, world_size, *args))))
     except BaseException:  # noqa: B036  (report everything to the parent, which kills the others)
         results.put((rank, False, traceback.format_exc()))
     finally:
@@ -140,7 +161,7 @@ def run_ranks(fn: Callable[..., Any], *args: Any, world_size: int = 2, backend: 
                 continue
             if not ok:
                 raise RanksError(f"{prefix}rank {rank} failed:\n{value}")
-            out[rank] = value
+            out[rank] = _from_bytes(value)
         for p in procs:
             p.join(timeout=max(1.0, deadline - time.monotonic()))
     finally:

@@ -19,8 +19,8 @@ import torch
 from torch import nn
 
 from npusim.bench.report import interleaved
+from npusim.testing.models import SEQ, VOCAB, demo_model
 
-VOCAB, SEQ = 64, 32
 WARMUP_STEPS = 2  # left out of the step-time ratio: first-call paths, allocations, autograd's device thread
 
 
@@ -38,13 +38,6 @@ def _run_fsdp_ranks(timeout_s: float = 300) -> int:
     except TorchrunTimeoutError as exc:
         print(exc)
         return 1
-
-
-def demo_model() -> nn.Module:
-    """The demo's model: the shared test transformer at dim 64, without checkpointing."""
-    from npusim.testing.models import TinyTransformer
-
-    return TinyTransformer(vocab=VOCAB, dim=64, heads=4, seq=SEQ, n_blocks=2, use_reentrant=None)
 
 
 def _trainer(model: nn.Module, device: str) -> tuple[Callable[[], None], list[float]]:

@@ -19,7 +19,7 @@ from torch.distributed.fsdp import fully_shard
 import npusim
 from npusim.distributed.audit import audit_fsdp
 from npusim.ops import trace_foreach_copy
-from npusim.tools.demo import SEQ, VOCAB, demo_model
+from npusim.testing.models import SEQ, VOCAB, demo_model
 
 STEPS = 5
 

@@ -1,7 +1,7 @@
 #include "backend.h"
 
 #include "core_api_client.h"
-#include "../npu_type.h"
+#include "../runtime/npu_type.h"
 #include "work.h"
 
 #include <ATen/ATen.h>

@@ -1,6 +1,6 @@
 #include "comm_stream.h"
 
-#include "../runtime.h"
+#include "../runtime/stream.h"
 #include "core_api_client.h"
 
 #include <ATen/record_function.h>

@@ -2,7 +2,7 @@
 // group's collectives in issue order. See Note [Comm stream].
 #pragma once
 
-#include "../trace.h"
+#include "../runtime/trace.h"
 
 #include <torch/csrc/distributed/c10d/Work.hpp>
 

@@ -1,7 +1,7 @@
 // The device core's table as seen from the distributed extension.
 #pragma once
 
-#include "../core_api.h"
+#include "../runtime/core_api.h"
 
 namespace npusim::dist {
 

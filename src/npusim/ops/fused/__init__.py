@@ -25,7 +25,7 @@ from npusim.ops.fused._library import OPS
 __all__ = ["FAMILIES", "OPS", "register"]
 
 # The family modules, each registering its operators when imported.
-FAMILIES: tuple[str, ...] = ()
+FAMILIES: tuple[str, ...] = ("attention",)
 
 
 def register() -> None:

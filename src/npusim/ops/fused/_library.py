@@ -20,14 +20,16 @@ LIB = torch.library.Library("npu", "DEF")
 OPS: dict[str, Any] = {}
 
 
-def define(schema: str, *, public: bool = True) -> str:
+def define(schema: str, *, public: bool = True, tags: tuple[torch.Tag, ...] = ()) -> str:
     """Defines ``npu::<schema>`` and returns its qualified name (``"npu::npu_rms_norm"``).
 
     ``public`` ops are what torch_npu exposes as ``torch_npu.<name>``; backward and helper
-    ops that torch_npu keeps internal are defined with ``public=False``.
+    ops that torch_npu keeps internal are defined with ``public=False``. ``tags`` are the
+    op's tags in op-plugin's yaml (``nondeterministic_seeded`` for ops that draw random
+    numbers, which torch.compile must neither deduplicate nor recompute).
     """
     name = schema.split("(", 1)[0].split(".", 1)[0].strip()
-    LIB.define(schema)
+    LIB.define(schema, tags=tags)
     if public:
         OPS[name] = getattr(torch.ops.npu, name)
     return f"npu::{name}"

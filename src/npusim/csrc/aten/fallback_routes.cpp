@@ -1,0 +1,360 @@
+// Which kernel fills the npu slot of the ops PyTorch gives a generic one:
+// structured ops' functional and in-place variants, and the ops whose
+// composite would stand in for CPU's own kernel, go straight to the CPU
+// fallback (fallback.cpp).
+#include "fallback.h"
+
+#include "fallback_call.h"
+
+#include <ATen/core/boxing/impl/boxing.h>
+#include <ATen/core/dispatch/Dispatcher.h>
+#include <ATen/ops/_log_softmax_backward_data_ops.h>
+#include <ATen/ops/_log_softmax_ops.h>
+#include <ATen/ops/_softmax_backward_data_ops.h>
+#include <ATen/ops/_softmax_ops.h>
+#include <ATen/ops/add_ops.h>
+#include <ATen/ops/addcdiv_ops.h>
+#include <ATen/ops/addcmul_ops.h>
+#include <ATen/ops/addmm_ops.h>
+#include <ATen/ops/amax_ops.h>
+#include <ATen/ops/bmm_ops.h>
+#include <ATen/ops/clamp_ops.h>
+#include <ATen/ops/div_ops.h>
+#include <ATen/ops/eq_ops.h>
+#include <ATen/ops/exp_ops.h>
+#include <ATen/ops/gelu_backward_ops.h>
+#include <ATen/ops/gelu_ops.h>
+#include <ATen/ops/log_ops.h>
+#include <ATen/ops/lt_ops.h>
+#include <ATen/ops/gt_ops.h>
+#include <ATen/ops/maximum_ops.h>
+#include <ATen/ops/mean_ops.h>
+#include <ATen/ops/mm_ops.h>
+#include <ATen/ops/mul_ops.h>
+#include <ATen/ops/ne_ops.h>
+#include <ATen/ops/neg_ops.h>
+#include <ATen/ops/pow_ops.h>
+#include <ATen/ops/rsqrt_ops.h>
+#include <ATen/ops/sigmoid_backward_ops.h>
+#include <ATen/ops/sigmoid_ops.h>
+#include <ATen/ops/silu_backward_ops.h>
+#include <ATen/ops/silu_ops.h>
+#include <ATen/ops/sqrt_ops.h>
+#include <ATen/ops/sub_ops.h>
+#include <ATen/ops/sum_ops.h>
+#include <ATen/ops/tanh_backward_ops.h>
+#include <ATen/ops/tanh_ops.h>
+#include <ATen/ops/threshold_backward_ops.h>
+#include <torch/library.h>
+
+#include <array>
+#include <map>
+#include <optional>
+#include <string>
+#include <tuple>
+#include <unordered_map>
+#include <unordered_set>
+#include <utility>
+#include <vector>
+
+namespace npusim {
+
+// Note [Structured ops go straight to the fallback]
+// A structured op (add, mul, mm, sum, ...) has CPU and CUDA kernels for
+// each of its variants, but every other backend's slot of the functional
+// (add.Tensor) and in-place (add_.Tensor) variants holds the generated
+// CompositeExplicitAutogradNonFunctional kernel: it runs the op's meta
+// function (a TensorIterator for add) on the npu tensors, allocates the
+// output through the npu allocator and calls the out= variant, which has no
+// npu kernel and so reaches the fallback, which builds everything again for
+// the CPU kernel. Two dispatches and two TensorIterators per op, for the
+// same result the CPU kernel of the functional variant computes on its own.
+// So at import npusim registers the fallback as the npu kernel of every aten
+// op whose npu slot would hold a CompositeExplicitAutogradNonFunctional
+// kernel and that has a CPU kernel of its own, and leaves alone every op
+// that shares its name with an op npusim has an npu kernel for (the random
+// ops' out= variants draw from the npu generator, for one): the rule sees
+// only registrations, so it stays right as PyTorch adds ops. The device
+// rules are the fallback's (Note [Device rules of the fallback]), the same
+// ones the out= variant met before; outputs come from the npu caching
+// allocator as before (Note [CPU kernels allocate device memory]); shape and
+// dtype errors are the CPU meta functions', which the composite kernel ran
+// too. Under graph capture the fallback records the op itself and sizes its
+// outputs on Meta (Note [NPU graph capture]).
+
+// Note [CPU's kernel, not the composite]
+// The same rule covers every other op whose npu slot would hold a composite
+// kernel where CPU has a kernel of its own: a CompositeExplicitAutograd one
+// (addr's math_addr, native_group_norm's math_group_norm, native_layer_norm's
+// math_native_layer_norm: generic versions for backends without a kernel,
+// which round fp16/bf16 differently from the kernels CPU and CUDA run) or a
+// CompositeImplicitAutograd one (mish_backward's math_mish_backward). The
+// two kinds differ in where they sit relative to autograd:
+//  - CompositeExplicitAutograd and ...NonFunctional kernels sit below
+//    autograd: the op's Autograd kernel (its derivatives.yaml formula) runs
+//    above either way, so giving the npu slot the CPU kernel changes only the
+//    kernel.
+//  - A CompositeImplicitAutograd kernel decomposes above autograd: with no npu
+//    kernel, AutogradPrivateUse1 runs the decomposition and autograd
+//    differentiates its pieces. Once the npu slot has a kernel,
+//    AutogradPrivateUse1 takes the op's Autograd kernel instead, as
+//    AutogradCPU does. So such an op is routed only when it has an Autograd
+//    kernel (a formula); one without would lose its gradient on npu.
+// Not routed: ops for which CUDA has no kernel and runs the composite itself
+// (pixel_shuffle, narrow_copy, native_channel_shuffle, _stack): npu follows
+// CUDA (Note [npu follows CUDA where CPU differs], cuda_semantics.cpp), which
+// for pixel_shuffle means a contiguous result of a channels_last input where
+// CPU's kernel keeps channels_last. Ops with a CUDA kernel and no CPU one
+// (the _foreach_* family, _chunk_cat) have nothing to route to: CPU runs
+// their composite as npu does. The
+// dispatcher of a CPU build holds no CUDA registrations, so Python passes
+// their names (ops/routes.py: CUDA_RUNS_THE_COMPOSITE, checked against
+// PyTorch's native_functions.yaml by tests/test_fallback_routes.py).
+
+// Note [Unboxed fallback kernels]
+// A boxed kernel costs its caller a boxing of the arguments: a stack vector,
+// an IValue per argument, and for a tensor that only Python held, a
+// reference count that has to take the GIL (PyObject preservation, about
+// 400 instructions each way) -- and the fallback then unboxes them again for
+// the CPU kernel. For the hottest routed ops (elementwise arithmetic,
+// activations, matmuls, reductions, softmax: the steps of a training loop)
+// npusim registers an unboxed kernel instead, UnboxedFallback<Op>, which
+// takes the arguments as the dispatcher has them, makes CPU aliases of the
+// tensors with the same FallbackCall (so the same device rules and results),
+// and calls the CPU kernel unboxed through Op::redispatch. While any graph
+// capture is underway it takes the boxed route, which knows how to record
+// the op. Only ops the rule above routes get one, only functional variants
+// and in-place variants that write and return their first argument. On
+// a.add(b) this saved 2.3k of 16.9k instructions (Note [Cost of the
+// fallback]).
+
+namespace {
+
+// ---- unboxed kernels --------------------------------------------------------
+
+using Use = FallbackCall::Use;
+
+// How an unboxed argument reaches the CPU kernel: tensors as their aliases,
+// everything else as it is. Argument kinds without a rule here (tensor
+// lists, generators, devices) fail to compile: those ops stay boxed.
+template <class T>
+struct CpuArg {
+  static_assert(!std::is_same_v<std::decay_t<T>, std::optional<at::Generator>> &&
+          !std::is_same_v<std::decay_t<T>, std::optional<c10::Device>> &&
+          !std::is_same_v<std::decay_t<T>, at::TensorList> &&
+          !std::is_same_v<std::decay_t<T>, at::ITensorListRef>,
+      "this argument kind has no unboxed fallback rule; leave the op boxed");
+  using type = T;
+  static T get(FallbackCall&, T v, Use) {
+    return v;
+  }
+};
+template <>
+struct CpuArg<const at::Tensor&> {
+  using type = at::Tensor;
+  static at::Tensor get(FallbackCall& call, const at::Tensor& t, Use use) {
+    return call.alias(t, use);
+  }
+};
+template <>
+struct CpuArg<at::Tensor&> {
+  using type = at::Tensor;
+  static at::Tensor get(FallbackCall& call, const at::Tensor& t, Use use) {
+    return call.alias(t, use);
+  }
+};
+template <>
+struct CpuArg<const std::optional<at::Tensor>&> {
+  using type = std::optional<at::Tensor>;
+  static std::optional<at::Tensor> get(FallbackCall& call, const std::optional<at::Tensor>& t, Use use) {
+    return t.has_value() ? std::optional<at::Tensor>(call.alias(*t, use)) : std::nullopt;
+  }
+};
+
+template <class Op, class Sig = typename Op::schema>
+struct UnboxedFallback;
+
+template <class Op, class R, class... Args>
+struct UnboxedFallback<Op, R(Args...)> {
+  static_assert(std::is_same_v<R, at::Tensor> || std::is_same_v<R, at::Tensor&>,
+      "unboxed fallback kernels return one tensor");
+
+  static R call(c10::DispatchKeySet keys, Args... args) {
+    const c10::OperatorHandle& op = handle();
+    if (C10_UNLIKELY(any_stream_capturing())) {
+      return c10::impl::BoxedKernelWrapper<R(Args...)>::call(
+          c10::BoxedKernel::makeFromFunction<&npu_fallback>(), op, keys, args...);
+    }
+    FallbackCall call(op);
+    return run(call, std::index_sequence_for<Args...>{}, args...);
+  }
+
+  static const c10::OperatorHandle& handle() {
+    static const c10::OperatorHandle op =
+        c10::Dispatcher::singleton().findSchemaOrThrow(Op::name, Op::overload_name);
+    return op;
+  }
+
+ private:
+  template <size_t... I>
+  static R run(FallbackCall& call, std::index_sequence<I...>, Args... args) {
+    static const std::array<Use, sizeof...(Args)> uses = [] {
+      std::array<Use, sizeof...(Args)> out{};
+      for (size_t i = 0; i < out.size(); ++i) {
+        out[i] = FallbackCall::use_of(handle().schema().arguments()[i]);
+      }
+      return out;
+    }();
+    // Braces: the aliases are made in argument order, as the boxed fallback
+    // makes them, so the device errors name the same devices.
+    std::tuple<typename CpuArg<Args>::type...> cpu{CpuArg<Args>::get(call, args, uses[I])...};
+    auto out = call.run([&] {
+      return Op::redispatch(c10::DispatchKeySet(c10::DispatchKey::CPU), std::get<I>(cpu)...);
+    });
+    if constexpr (std::is_same_v<R, at::Tensor&>) {
+      return std::get<0>(std::forward_as_tuple(args...));  // an in-place op returns its self
+    } else {
+      return call.back(out);
+    }
+  }
+};
+
+struct UnboxedKernel {
+  torch::CppFunction (*make)();
+  bool in_place;  // writes and returns its first argument
+};
+
+template <class Op>
+UnboxedKernel unboxed() {
+  using R = c10::guts::infer_function_traits_t<typename Op::schema>::return_type;
+  return UnboxedKernel{[] { return torch::CppFunction(TORCH_FN(&UnboxedFallback<Op>::call)); },
+      std::is_same_v<R, at::Tensor&>};
+}
+
+// The hottest routed ops, by name; see Note [Unboxed fallback kernels].
+const std::unordered_map<std::string, UnboxedKernel>& unboxed_kernels() {
+  namespace ops = at::_ops;
+  static const std::unordered_map<std::string, UnboxedKernel> kernels = {
+      {"aten::add.Tensor", unboxed<ops::add_Tensor>()}, {"aten::add_.Tensor", unboxed<ops::add__Tensor>()},
+      {"aten::sub.Tensor", unboxed<ops::sub_Tensor>()}, {"aten::sub_.Tensor", unboxed<ops::sub__Tensor>()},
+      {"aten::mul.Tensor", unboxed<ops::mul_Tensor>()}, {"aten::mul_.Tensor", unboxed<ops::mul__Tensor>()},
+      {"aten::div.Tensor", unboxed<ops::div_Tensor>()}, {"aten::div_.Tensor", unboxed<ops::div__Tensor>()},
+      {"aten::addcmul", unboxed<ops::addcmul>()}, {"aten::addcmul_", unboxed<ops::addcmul_>()},
+      {"aten::addcdiv", unboxed<ops::addcdiv>()}, {"aten::addcdiv_", unboxed<ops::addcdiv_>()},
+      {"aten::neg", unboxed<ops::neg>()}, {"aten::exp", unboxed<ops::exp>()}, {"aten::log", unboxed<ops::log>()},
+      {"aten::sqrt", unboxed<ops::sqrt>()}, {"aten::rsqrt", unboxed<ops::rsqrt>()},
+      {"aten::pow.Tensor_Scalar", unboxed<ops::pow_Tensor_Scalar>()},
+      {"aten::maximum", unboxed<ops::maximum>()}, {"aten::clamp", unboxed<ops::clamp>()},
+      {"aten::eq.Tensor", unboxed<ops::eq_Tensor>()}, {"aten::eq.Scalar", unboxed<ops::eq_Scalar>()},
+      {"aten::ne.Scalar", unboxed<ops::ne_Scalar>()}, {"aten::gt.Scalar", unboxed<ops::gt_Scalar>()},
+      {"aten::lt.Scalar", unboxed<ops::lt_Scalar>()},
+      {"aten::sigmoid", unboxed<ops::sigmoid>()}, {"aten::sigmoid_backward", unboxed<ops::sigmoid_backward>()},
+      {"aten::tanh", unboxed<ops::tanh>()}, {"aten::tanh_backward", unboxed<ops::tanh_backward>()},
+      {"aten::gelu", unboxed<ops::gelu>()}, {"aten::gelu_backward", unboxed<ops::gelu_backward>()},
+      {"aten::silu", unboxed<ops::silu>()}, {"aten::silu_backward", unboxed<ops::silu_backward>()},
+      {"aten::threshold_backward", unboxed<ops::threshold_backward>()},
+      {"aten::mm", unboxed<ops::mm>()}, {"aten::bmm", unboxed<ops::bmm>()}, {"aten::addmm", unboxed<ops::addmm>()},
+      {"aten::sum.dim_IntList", unboxed<ops::sum_dim_IntList>()}, {"aten::mean.dim", unboxed<ops::mean_dim>()},
+      {"aten::amax", unboxed<ops::amax>()},
+      {"aten::_softmax", unboxed<ops::_softmax>()},
+      {"aten::_softmax_backward_data", unboxed<ops::_softmax_backward_data>()},
+      {"aten::_log_softmax", unboxed<ops::_log_softmax>()},
+      {"aten::_log_softmax_backward_data", unboxed<ops::_log_softmax_backward_data>()},
+  };
+  return kernels;
+}
+
+// Whether `op`'s schema is what its UnboxedKernel assumes: an in-place
+// variant writes its first argument and returns it, a functional one writes
+// nothing.
+bool fits(const c10::FunctionSchema& schema, const UnboxedKernel& kernel) {
+  const auto& args = schema.arguments();
+  for (size_t i = 0; i < args.size(); ++i) {
+    const bool written = FallbackCall::use_of(args[i]) == Use::kWritten;
+    if (written != (kernel.in_place && i == 0)) {
+      return false;
+    }
+  }
+  return schema.returns().size() == 1 &&
+      (!kernel.in_place || (schema.returns()[0].alias_info() != nullptr && !args.empty() &&
+                               args[0].alias_info() != nullptr &&
+                               *schema.returns()[0].alias_info() == *args[0].alias_info()));
+}
+
+// ---- the rule -----------------------------------------------------------------
+
+// The name an op's functional, in-place and out= overloads share ("add" for
+// aten::add.Tensor, aten::add_.Tensor and aten::add.out).
+std::string base_name(const c10::OperatorName& name) {
+  std::string base = name.name.substr(name.name.find("::") + 2);
+  if (base.size() > 2 && base.back() == '_' && base.compare(base.size() - 2, 2, "__") != 0) {
+    base.pop_back();
+  }
+  return base;
+}
+
+// Whether `op`'s npu slot, without a kernel of its own, would hold a
+// composite that CPU's own kernel should replace (Note [CPU's kernel, not the
+// composite]).
+bool composite_stands_in_for_cpu_kernel(const c10::OperatorHandle& op) {
+  using c10::DispatchKey;
+  if (!op.hasKernelForDispatchKey(DispatchKey::CPU)) {
+    return false;
+  }
+  return op.hasKernelForDispatchKey(DispatchKey::CompositeExplicitAutogradNonFunctional) ||
+      op.hasKernelForDispatchKey(DispatchKey::CompositeExplicitAutograd) ||
+      (op.hasKernelForDispatchKey(DispatchKey::CompositeImplicitAutograd) &&
+          op.hasKernelForDispatchKey(DispatchKey::Autograd));
+}
+
+}  // namespace
+
+std::map<std::string, std::string> route_structured_ops_to_fallback(
+    const std::vector<std::string>& cuda_runs_the_composite) {
+  static const std::map<std::string, std::string> routed = [&] {
+    const std::unordered_set<std::string> keep(cuda_runs_the_composite.begin(), cuda_runs_the_composite.end());
+    auto& dispatcher = c10::Dispatcher::singleton();
+    std::unordered_set<std::string> own;  // aten ops with an npu kernel of their own, by base name
+    std::vector<c10::OperatorHandle> candidates;
+    for (const c10::OperatorName& name : dispatcher.getAllOpNames()) {
+      if (name.name.rfind("aten::", 0) != 0) {
+        continue;
+      }
+      const std::optional<c10::OperatorHandle> op = dispatcher.findOp(name);
+      if (!op.has_value()) {
+        continue;
+      }
+      if (op->hasKernelForDispatchKey(c10::DispatchKey::PrivateUse1)) {
+        own.insert(base_name(name));
+      } else if (composite_stands_in_for_cpu_kernel(*op)) {
+        candidates.push_back(*op);
+      }
+    }
+    // Leaked: the registrations live as long as the process.
+    auto* library = new torch::Library(
+        torch::Library::IMPL, "aten", c10::DispatchKey::PrivateUse1, __FILE__, __LINE__);
+    std::map<std::string, std::string> names;
+    for (const c10::OperatorHandle& op : candidates) {
+      const c10::OperatorName& name = op.operator_name();
+      if (own.count(base_name(name)) != 0) {
+        continue;
+      }
+      std::string full = name.overload_name.empty() ? name.name : name.name + "." + name.overload_name;
+      if (keep.count(full) != 0) {
+        continue;
+      }
+      const auto unboxed = unboxed_kernels().find(full);
+      if (unboxed != unboxed_kernels().end() && fits(op.schema(), unboxed->second)) {
+        library->impl(full.c_str(), unboxed->second.make());
+        names.emplace(std::move(full), "unboxed");
+      } else {
+        library->impl(full.c_str(), torch::CppFunction::makeFromBoxedFunction<&npu_fallback>());
+        names.emplace(std::move(full), "boxed");
+      }
+    }
+    return names;
+  }();
+  return routed;
+}
+
+}  // namespace npusim

@@ -1,0 +1,398 @@
+// npu kernels of the elementwise random ops, drawn from the npu generator's
+// Philox stream (Note [npu Philox stream]). Argument checks, shapes and the
+// normal.Tensor_* arithmetic come from PyTorch's own DistributionTemplates.h,
+// the value transforms from TransformationHelper.h; only the source of the
+// random bits is npusim's. Kernels run on the host after the current
+// stream's earlier work, on the device memory in place.
+#include "generator.h"
+#include "../runtime/stream.h"
+#include "host_transfer.h"
+
+#include <ATen/ATen.h>
+#include <ATen/OpMathType.h>
+#include <ATen/Parallel.h>
+#include <ATen/core/PhiloxRNGEngine.h>
+#include <ATen/core/TransformationHelper.h>
+#include <ATen/native/DistributionTemplates.h>
+#include <c10/util/MathConstants.h>
+#include <torch/library.h>
+
+#include <cmath>
+#include <type_traits>
+#include <tuple>
+
+namespace npusim {
+namespace {
+
+namespace templates = at::native::templates;
+using at::Tensor;
+using Gen = std::optional<at::Generator>;
+
+// Elements per parallel chunk; each chunk seeks the stream to its first element.
+constexpr int64_t kGrain = 1 << 14;
+
+// The 128-bit Philox block of one element.
+struct PhiloxBlock {
+  uint32_t x[4];
+  uint64_t lo() const {
+    return x[0] | (static_cast<uint64_t>(x[1]) << 32);
+  }
+  uint64_t hi() const {
+    return x[2] | (static_cast<uint64_t>(x[3]) << 32);
+  }
+};
+
+// [0, 1) with 53 random bits.
+double unit(uint64_t v) {
+  return static_cast<double>(v >> 11) * 0x1.0p-53;
+}
+
+// (0, 1) with 52 random bits: for transforms that take a log of u or 1 - u.
+double open_unit(uint64_t v) {
+  return (static_cast<double>(v >> 12) + 0.5) * 0x1.0p-52;
+}
+
+// [0, 1) in the op's math type: 53 bits for double, 24 for float (which
+// half and bfloat16 compute in, as CUDA's curand_normal4 does).
+template <typename acc_t>
+acc_t unit_as(uint64_t v) {
+  if constexpr (std::is_same_v<acc_t, double>) {
+    return unit(v);
+  } else {
+    return static_cast<float>(static_cast<uint32_t>(v) >> 8) * 0x1.0p-24f;
+  }
+}
+
+// A standard normal sample: Box-Muller over the block's two halves.
+template <typename acc_t>
+acc_t standard_normal(const PhiloxBlock& b) {
+  const acc_t radius = std::sqrt(static_cast<acc_t>(-2) * std::log1p(-unit_as<acc_t>(b.lo())));
+  return radius * std::cos(static_cast<acc_t>(2) * c10::pi<acc_t> * unit_as<acc_t>(b.hi()));
+}
+
+c10::DeviceIndex npu_device_of(const Tensor& self, const Gen& gen, const char* op) {
+  if (self.device().type() != kNpu) {
+    // Only a generator can bring a CPU tensor here (its dispatch key): CUDA's error.
+    TORCH_CHECK(!(gen.has_value() && gen->defined()), "Expected a '", self.device().type(),
+        "' device type for generator but found '", gen->device().type(), "'");
+    TORCH_CHECK(false, op, ": expected self on an npu device, but got ", self.device());
+  }
+  return self.device().index();
+}
+
+// Writes value(block, i) to element i (row-major logical order) of `self`,
+// from block offset + i; see Note [npu Philox stream].
+template <typename scalar_t, typename F>
+void philox_fill(const Tensor& self, const PhiloxInputs& in, F value) {
+  const Tensor cpu = cpu_alias(self);
+  const Tensor dense = cpu.is_contiguous() ? cpu : at::empty(cpu.sizes(), cpu.options());
+  scalar_t* out = dense.data_ptr<scalar_t>();
+  at::parallel_for(0, self.numel(), kGrain, [&](int64_t begin, int64_t end) {
+    at::Philox4_32 engine(in.seed, /*subsequence=*/0, in.offset + static_cast<uint64_t>(begin));
+    for (int64_t i = begin; i < end; ++i) {
+      PhiloxBlock b;
+      for (uint32_t& word : b.x) {
+        word = engine();
+      }
+      out[i] = value(b, i);
+    }
+  });
+  if (!dense.is_same(cpu)) {
+    host_copy(cpu, dense);
+  }
+}
+
+// Takes this op's Philox inputs (host order), then waits for the stream's
+// earlier work before the memory is written.
+PhiloxInputs begin_op(const Tensor& self, const Gen& gen, const char* op) {
+  const c10::DeviceIndex device = npu_device_of(self, gen, op);
+  const PhiloxInputs in = philox_inputs(gen, device, static_cast<uint64_t>(self.numel()));
+  wait_current_stream_idle(device);
+  return in;
+}
+
+// ---- kernels, in the shape DistributionTemplates.h calls them ---------------
+
+template <typename RNG>
+struct UniformKernel {
+  void operator()(at::TensorIteratorBase& iter, double from_, double to_, Gen gen) {
+    const Tensor& self = iter.tensor(0);
+    const PhiloxInputs in = begin_op(self, gen, "uniform_");
+    AT_DISPATCH_FLOATING_TYPES_AND2(at::kHalf, at::kBFloat16, self.scalar_type(), "uniform_npu", [&] {
+      const auto from = static_cast<scalar_t>(from_);
+      const auto to = static_cast<scalar_t>(to_);
+      philox_fill<scalar_t>(self, in, [=](const PhiloxBlock& b, int64_t) {
+        const auto value = static_cast<scalar_t>(at::transformation::uniform_real<scalar_t>(b.lo(), from, to));
+        // As CUDA: rounding may reach `to`, which [from, to) excludes.
+        return value == to ? from : value;
+      });
+    });
+  }
+};
+
+template <typename RNG>
+struct NormalKernel {
+  void operator()(Tensor& self, double mean, double std, Gen gen) {
+    const PhiloxInputs in = begin_op(self, gen, "normal_");
+    AT_DISPATCH_FLOATING_TYPES_AND2(at::kHalf, at::kBFloat16, self.scalar_type(), "normal_kernel_npu", [&] {
+      using acc_t = at::opmath_type<scalar_t>;
+      const auto m = static_cast<acc_t>(mean);
+      const auto s = static_cast<acc_t>(std);
+      philox_fill<scalar_t>(self, in, [=](const PhiloxBlock& b, int64_t) {
+        return static_cast<scalar_t>(at::transformation::normal(standard_normal<acc_t>(b), m, s));
+      });
+    });
+  }
+};
+
+template <typename RNG>
+struct LogNormalKernel {
+  void operator()(at::TensorIteratorBase& iter, double mean, double std, Gen gen) {
+    const Tensor& self = iter.tensor(0);
+    const PhiloxInputs in = begin_op(self, gen, "log_normal_");
+    AT_DISPATCH_FLOATING_TYPES_AND2(at::kHalf, at::kBFloat16, self.scalar_type(), "log_normal_npu", [&] {
+      using acc_t = at::opmath_type<scalar_t>;
+      const auto m = static_cast<acc_t>(mean);
+      const auto s = static_cast<acc_t>(std);
+      philox_fill<scalar_t>(self, in, [=](const PhiloxBlock& b, int64_t) {
+        return static_cast<scalar_t>(
+            at::transformation::log_normal(at::transformation::normal(standard_normal<acc_t>(b), m, s)));
+      });
+    });
+  }
+};
+
+template <typename RNG>
+struct ExponentialKernel {
+  void operator()(at::TensorIteratorBase& iter, double lambda, Gen gen) {
+    const Tensor& self = iter.tensor(0);
+    TORCH_CHECK(at::isFloatingType(self.scalar_type()),
+        "Exponential distribution is a continuous probability distribution. dtype must be a floating point "
+        "but you specified ", self.dtype());
+    const PhiloxInputs in = begin_op(self, gen, "exponential_");
+    AT_DISPATCH_FLOATING_TYPES_AND2(at::kHalf, at::kBFloat16, self.scalar_type(), "exponential_npu", [&] {
+      philox_fill<scalar_t>(self, in, [=](const PhiloxBlock& b, int64_t) {
+        // u in (0, 1): never 0, as CUDA's exponential_ (a 0 breaks gumbel_softmax's log).
+        return static_cast<scalar_t>(at::transformation::exponential(open_unit(b.lo()), lambda));
+      });
+    });
+  }
+};
+
+template <typename RNG>
+struct GeometricKernel {
+  void operator()(at::TensorIteratorBase& iter, double p, Gen gen) {
+    const Tensor& self = iter.tensor(0);
+    const PhiloxInputs in = begin_op(self, gen, "geometric_");
+    AT_DISPATCH_ALL_TYPES_AND2(at::kHalf, at::kBFloat16, self.scalar_type(), "geometric_npu", [&] {
+      philox_fill<scalar_t>(self, in, [=](const PhiloxBlock& b, int64_t) {
+        return static_cast<scalar_t>(at::transformation::geometric(open_unit(b.lo()), p));
+      });
+    });
+  }
+};
+
+template <typename RNG>
+struct CauchyKernel {
+  void operator()(at::TensorIteratorBase& iter, double median, double sigma, Gen gen) {
+    const Tensor& self = iter.tensor(0);
+    const PhiloxInputs in = begin_op(self, gen, "cauchy_");
+    AT_DISPATCH_FLOATING_TYPES_AND2(at::kHalf, at::kBFloat16, self.scalar_type(), "cauchy_npu", [&] {
+      philox_fill<scalar_t>(self, in, [=](const PhiloxBlock& b, int64_t) {
+        return static_cast<scalar_t>(at::transformation::cauchy(open_unit(b.lo()), median, sigma));
+      });
+    });
+  }
+};
+
+template <typename RNG>
+struct RandomKernel {
+  void operator()(at::TensorIteratorBase& iter, Gen gen) {
+    const Tensor& self = iter.tensor(0);
+    const PhiloxInputs in = begin_op(self, gen, "random_");
+    AT_DISPATCH_ALL_TYPES_AND3(at::kBool, at::kHalf, at::kBFloat16, self.scalar_type(), "random_kernel_npu", [&] {
+      philox_fill<scalar_t>(self, in, [](const PhiloxBlock& b, int64_t) {
+        return at::transformation::uniform_int<scalar_t>(b.lo());
+      });
+    });
+  }
+};
+
+template <typename RNG>
+struct RandomFromToKernel {
+  void operator()(at::TensorIteratorBase& iter, uint64_t range, int64_t base, Gen gen) {
+    const Tensor& self = iter.tensor(0);
+    const PhiloxInputs in = begin_op(self, gen, "random_");
+    AT_DISPATCH_V2(self.scalar_type(), "random_from_to_kernel_npu", AT_WRAP([&] {
+      philox_fill<scalar_t>(self, in, [=](const PhiloxBlock& b, int64_t) {
+        return at::transformation::uniform_int_from_to<scalar_t>(b.lo(), range, base);
+      });
+    }), AT_EXPAND(AT_ALL_TYPES), at::kBool, at::kHalf, at::kBFloat16, AT_EXPAND(AT_BAREBONES_UNSIGNED_TYPES));
+  }
+  // [int64 min, int64 max]: the whole 64-bit range.
+  void operator()(at::TensorIteratorBase& iter, Gen gen) {
+    const Tensor& self = iter.tensor(0);
+    const PhiloxInputs in = begin_op(self, gen, "random_");
+    AT_DISPATCH_V2(self.scalar_type(), "random_full_64_bits_range_kernel_npu", AT_WRAP([&] {
+      philox_fill<scalar_t>(self, in, [](const PhiloxBlock& b, int64_t) {
+        return at::transformation::uniform_int_full_range<scalar_t>(b.lo());
+      });
+    }), at::kLong, at::kDouble, at::kFloat, at::kBFloat16);
+  }
+};
+
+template <typename RNG>
+struct BernoulliScalarKernel {
+  void operator()(const Tensor& self, double p, Gen gen) {
+    const PhiloxInputs in = begin_op(self, gen, "bernoulli_");
+    AT_DISPATCH_ALL_TYPES_AND3(at::kBool, at::kHalf, at::kBFloat16, self.scalar_type(), "bernoulli_scalar_npu_", [&] {
+      philox_fill<scalar_t>(self, in, [=](const PhiloxBlock& b, int64_t) {
+        return static_cast<scalar_t>(at::transformation::bernoulli(unit(b.lo()), p));
+      });
+    });
+  }
+};
+
+template <typename RNG>
+struct BernoulliTensorKernel {
+  void operator()(const Tensor& self, const Tensor& p_, Gen gen) {
+    const c10::DeviceIndex device = npu_device_of(self, gen, "bernoulli_");
+    // As CUDA, p may live on another device (or the host): it is copied over.
+    const Tensor p_dev = p_.device() == self.device() ? p_ : p_.to(self.device());
+    AT_DISPATCH_FLOATING_TYPES_AND2(at::kHalf, at::kBFloat16, p_dev.scalar_type(), "bernoulli_tensor_npu_p_", [] {});
+    wait_current_stream_idle(device);  // p may still be being written
+    const Tensor p = cpu_alias(p_dev).expand(self.sizes()).to(at::kDouble).contiguous();
+    const double* probs = p.const_data_ptr<double>();
+    for (int64_t i = 0; i < p.numel(); ++i) {
+      TORCH_CHECK(probs[i] >= 0 && probs[i] <= 1,
+          "bernoulli_: expected every element of p in [0, 1], but got p=", probs[i], " at flat index ", i);
+    }
+    const PhiloxInputs in = philox_inputs(gen, device, static_cast<uint64_t>(self.numel()));
+    AT_DISPATCH_ALL_TYPES_AND3(at::kBool, at::kHalf, at::kBFloat16, self.scalar_type(), "bernoulli_tensor_npu_self_", [&] {
+      philox_fill<scalar_t>(self, in, [=](const PhiloxBlock& b, int64_t i) {
+        return static_cast<scalar_t>(at::transformation::bernoulli(unit(b.lo()), probs[i]));
+      });
+    });
+  }
+};
+
+// ---- the aten entry points ----------------------------------------------------
+
+using RNG = NpuGeneratorImpl;
+
+Tensor& uniform_(Tensor& self, double from, double to, Gen gen) {
+  return templates::uniform_impl_<UniformKernel, RNG>(self, from, to, gen);
+}
+
+Tensor& normal_(Tensor& self, double mean, double std, Gen gen) {
+  return templates::normal_impl_<NormalKernel, RNG>(self, mean, std, gen);
+}
+
+Tensor normal_tensor_float(const Tensor& mean, double std, Gen gen) {
+  return templates::normal_impl<NormalKernel, RNG>(mean, std, gen);
+}
+
+Tensor& normal_tensor_float_out(const Tensor& mean, double std, Gen gen, Tensor& out) {
+  return templates::normal_out_impl<NormalKernel, RNG>(out, mean, std, gen);
+}
+
+Tensor normal_float_tensor(double mean, const Tensor& std, Gen gen) {
+  return templates::normal_impl<NormalKernel, RNG>(mean, std, gen);
+}
+
+Tensor& normal_float_tensor_out(double mean, const Tensor& std, Gen gen, Tensor& out) {
+  return templates::normal_out_impl<NormalKernel, RNG>(out, mean, std, gen);
+}
+
+Tensor normal_tensor_tensor(const Tensor& mean, const Tensor& std, Gen gen) {
+  return templates::normal_impl<NormalKernel, RNG>(mean, std, gen);
+}
+
+Tensor& normal_tensor_tensor_out(const Tensor& mean, const Tensor& std, Gen gen, Tensor& out) {
+  return templates::normal_out_impl<NormalKernel, RNG>(out, mean, std, gen);
+}
+
+Tensor& log_normal_(Tensor& self, double mean, double std, Gen gen) {
+  return templates::log_normal_impl_<LogNormalKernel, RNG>(self, mean, std, gen);
+}
+
+Tensor& exponential_(Tensor& self, double lambda, Gen gen) {
+  return templates::exponential_impl_<ExponentialKernel, RNG>(self, lambda, gen);
+}
+
+Tensor& geometric_(Tensor& self, double p, Gen gen) {
+  return templates::geometric_impl_<GeometricKernel, RNG>(self, p, gen);
+}
+
+Tensor& cauchy_(Tensor& self, double median, double sigma, Gen gen) {
+  return templates::cauchy_impl_<CauchyKernel, RNG>(self, median, sigma, gen);
+}
+
+Tensor& random_(Tensor& self, Gen gen) {
+  return templates::random_impl<RandomKernel, RNG>(self, gen);
+}
+
+Tensor& random_from(Tensor& self, int64_t from, std::optional<int64_t> to, Gen gen) {
+  return templates::random_from_to_impl<RandomFromToKernel, RNG>(self, from, to, gen);
+}
+
+Tensor& random_to(Tensor& self, int64_t to, Gen gen) {
+  return random_from(self, 0, to, gen);
+}
+
+Tensor& bernoulli_float(Tensor& self, double p, Gen gen) {
+  return templates::bernoulli_impl_<BernoulliScalarKernel, RNG>(self, p, gen);
+}
+
+Tensor& bernoulli_tensor(Tensor& self, const Tensor& p, Gen gen) {
+  return templates::bernoulli_impl_<BernoulliTensorKernel, RNG>(self, p, gen);
+}
+
+Tensor& bernoulli_out(const Tensor& self, Gen gen, Tensor& out) {
+  return templates::bernoulli_out_impl<BernoulliTensorKernel, RNG>(out, self, gen);
+}
+
+// Note [npu native_dropout]
+// CPU's native_dropout kernel draws its mask from the CPU default generator
+// and returns a mask of the input's dtype; npu follows CUDA: the mask is bool
+// and comes from the npu generator (a bernoulli_ of 1 - p on the mask, so it
+// advances the offset by numel as DTensor's tracker expects), and the output
+// is input * mask * (1 / (1 - p)).
+std::tuple<Tensor, Tensor> native_dropout(const Tensor& input, double p, std::optional<bool> train) {
+  const auto mask_options = input.options().dtype(at::kBool);
+  if (train.has_value() && !*train) {
+    return {input.clone(), at::ones_like(input, mask_options)};
+  }
+  if (p == 1) {
+    return {at::zeros_like(input), at::zeros_like(input, mask_options)};
+  }
+  Tensor mask = at::empty_like(input, mask_options);
+  bernoulli_float(mask, 1 - p, std::nullopt);
+  return {input.mul(mask).mul_(1.0 / (1.0 - p)), mask};
+}
+
+}  // namespace
+
+TORCH_LIBRARY_IMPL(aten, PrivateUse1, m) {
+  m.impl("uniform_", TORCH_FN(uniform_));
+  m.impl("normal_", TORCH_FN(normal_));
+  m.impl("normal.Tensor_float", TORCH_FN(normal_tensor_float));
+  m.impl("normal.Tensor_float_out", TORCH_FN(normal_tensor_float_out));
+  m.impl("normal.float_Tensor", TORCH_FN(normal_float_tensor));
+  m.impl("normal.float_Tensor_out", TORCH_FN(normal_float_tensor_out));
+  m.impl("normal.Tensor_Tensor", TORCH_FN(normal_tensor_tensor));
+  m.impl("normal.Tensor_Tensor_out", TORCH_FN(normal_tensor_tensor_out));
+  m.impl("log_normal_", TORCH_FN(log_normal_));
+  m.impl("exponential_", TORCH_FN(exponential_));
+  m.impl("geometric_", TORCH_FN(geometric_));
+  m.impl("cauchy_", TORCH_FN(cauchy_));
+  m.impl("random_", TORCH_FN(random_));
+  m.impl("random_.from", TORCH_FN(random_from));
+  m.impl("random_.to", TORCH_FN(random_to));
+  m.impl("bernoulli_.float", TORCH_FN(bernoulli_float));
+  m.impl("bernoulli_.Tensor", TORCH_FN(bernoulli_tensor));
+  m.impl("bernoulli.out", TORCH_FN(bernoulli_out));
+  m.impl("native_dropout", TORCH_FN(native_dropout));
+}
+
+}  // namespace npusim

@@ -1,0 +1,125 @@
+// Bindings of the runtime floor: devices, streams, the timing model, and the
+// core_api table other extensions link against (runtime/core_api.h).
+#include "bindings.h"
+
+#include "../runtime/core_api.h"
+#include "../runtime/device.h"
+#include "../runtime/device_allocator.h"
+#include "../runtime/host_allocator.h"
+#include "../runtime/stream.h"
+#include "../runtime/timing.h"
+#include "../runtime/trace.h"
+#include "../aten/host_transfer.h"
+
+namespace py = pybind11;
+
+namespace {
+
+using npusim::NpuStream;
+
+py::tuple stream_tuple(const NpuStream& s) {
+  return py::make_tuple(s.id(), static_cast<int>(s.device()), static_cast<int>(c10::DeviceType::PrivateUse1));
+}
+
+// The table behind core_api(); see core_api.h for why it exists.
+const npusim::CoreApi& core_api_table() {
+  static const npusim::CoreApi table{
+      npusim::kCoreApiVersion,
+      sizeof(npusim::CoreApi),
+      &npusim::current_device,
+      [](c10::DeviceIndex device) { return &npusim::current_stream(device); },
+      [](NpuStream* s, std::function<void()> fn, double us) { s->enqueue(std::move(fn), us, "collective"); },
+      [](NpuStream* s) {
+        // Only the collective backend uses this table, and it asks before it
+        // issues anything: the place to refuse a collective during capture.
+        TORCH_CHECK(s->capture() == nullptr, "npu graph capture: collectives cannot be captured (",
+            s->name(), " is capturing); run them outside the captured region");
+        return s->query();
+      },
+      &npusim::cpu_alias,
+      &npusim::link_task_us,
+      &npusim::new_fence_counter,
+      [] {
+        npusim::maybe_reclaim_deferred_frees();
+        npusim::reclaim_pinned_frees();
+      },
+  };
+  return table;
+}
+
+}  // namespace
+
+namespace npusim {
+
+void init_runtime_bindings(py::module& m) {
+  using release = py::call_guard<py::gil_scoped_release>;
+
+  m.def("core_api", [] {
+    return py::capsule(static_cast<const void*>(&core_api_table()), npusim::kCoreApiCapsule);
+  });
+
+  // the node's sizes, defined once (runtime/npu_type.h)
+  m.attr("DEFAULT_DEVICE_COUNT") = npusim::kDefaultDeviceCount;
+  m.attr("MAX_DEVICES") = npusim::kMaxDevices;
+  m.attr("STREAMS_PER_DEVICE") = npusim::kStreamsPerDevice;
+
+  // devices
+  m.def("device_count", &npusim::device_count);
+  m.def("set_device_count", &npusim::set_device_count);
+  m.def("current_device", [] { return static_cast<int>(npusim::current_device()); });
+  m.def("set_device", [](int i) { npusim::set_current_device(static_cast<c10::DeviceIndex>(i)); });
+  m.def("set_launch_blocking", &npusim::set_launch_blocking);
+  m.def("in_bad_fork", &npusim::in_bad_fork);
+
+  // streams
+  m.def("current_stream", [](int device) { return stream_tuple(npusim::current_stream(device)); });
+  m.def("default_stream", [](int device) {
+    npusim::check_device_index(device, "default_stream");
+    return stream_tuple(npusim::default_stream(device));
+  });
+  m.def("set_stream", [](int64_t id, int device) {
+    // As torch.cuda.set_stream: the stream's device becomes current too.
+    const NpuStream& s = npusim::stream_for(device, id);
+    npusim::set_current_device(s.device());
+    npusim::exchange_current_stream(s.unwrap());
+  });
+  m.def("stream_priority", [](int64_t id, int device) {
+    return npusim::stream_for(device, id).priority();
+  });
+  m.def("stream_enqueued", [](int64_t id, int device) {
+    return npusim::stream_for(device, id).enqueued();
+  });
+  m.def("stream_pending", [](int64_t id, int device) {
+    const NpuStream& s = npusim::stream_for(device, id);
+    return s.enqueued() - s.completed();
+  });
+  m.def("synchronize_stream",
+      [](int64_t id, int device, double timeout_s) {
+        npusim::stream_for(device, id).synchronize(timeout_s);
+        npusim::trace_stream_op(npusim::StreamOp::kSyncStream, nullptr, device, id);
+      },
+      py::arg("stream_id"), py::arg("device"), py::arg("timeout_s") = -1.0, release());
+  m.def("synchronize_device", [](int device) {
+    npusim::check_device_index(device, "synchronize");
+    npusim::synchronize_device(device);
+    npusim::trace_stream_op(npusim::StreamOp::kSyncDevice, nullptr, device, -1);
+  }, release());
+  m.def("synchronize_all", [] {
+    npusim::synchronize_all();
+    npusim::trace_stream_op(npusim::StreamOp::kSyncAll, nullptr, -1, -1);
+  }, release());
+
+  // timing model
+  m.def("set_timing_model", [](double copy_gbps, double launch_us, double link_gbps) {
+    auto& t = npusim::timing_model();
+    t.copy_gbps = copy_gbps;
+    t.launch_us = launch_us;
+    t.link_gbps = link_gbps;
+  });
+  m.def("timing_model", [] {
+    auto& t = npusim::timing_model();
+    return py::make_tuple(t.copy_gbps.load(), t.launch_us.load(), t.link_gbps.load());
+  });
+}
+
+}  // namespace npusim

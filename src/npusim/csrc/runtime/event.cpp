@@ -1,0 +1,86 @@
+#include "event.h"
+
+#include <c10/util/Exception.h>
+
+namespace npusim {
+
+void event_record(NpuEvent& event, NpuStream& stream) {
+  TORCH_CHECK(event.device < 0 || event.device == stream.device(),
+      "Event device npu:", static_cast<int>(event.device),
+      " does not match recording stream's device npu:", static_cast<int>(stream.device()));
+  event.device = stream.device();
+  auto record = std::make_shared<EventRecord>();
+  event.record = record;
+  if (done_on_the_host_now(stream)) {  // Note [Work on an idle stream]
+    record->done = true;  // no other thread has this record yet
+    record->when = std::chrono::steady_clock::now();
+    return;
+  }
+  stream.enqueue([record] {
+    {
+      std::lock_guard<std::mutex> lock(record->mutex);
+      record->done = true;
+      record->when = std::chrono::steady_clock::now();
+    }
+    record->cv.notify_all();
+  }, 0.0, "event_record");
+}
+
+void stream_wait_event(NpuStream& stream, const NpuEvent& event) {
+  auto record = event.record;
+  if (!record) {
+    return;  // never recorded: nothing to wait for (CUDA semantics)
+  }
+  if (!tasks_must_show(stream)) {
+    std::lock_guard<std::mutex> lock(record->mutex);
+    if (record->done) {
+      return;  // Note [Work on an idle stream]
+    }
+  }
+  stream.enqueue([record] {
+    std::unique_lock<std::mutex> lock(record->mutex);
+    record->cv.wait(lock, [&] { return record->done; });
+  }, 0.0, "wait_event");
+}
+
+bool event_query(const NpuEvent& event) {
+  auto record = event.record;
+  if (!record) {
+    return true;
+  }
+  std::lock_guard<std::mutex> lock(record->mutex);
+  return record->done;
+}
+
+void event_synchronize(const NpuEvent& event) {
+  auto record = event.record;
+  if (!record) {
+    return;
+  }
+  std::unique_lock<std::mutex> lock(record->mutex);
+  record->cv.wait(lock, [&] { return record->done; });
+}
+
+double event_elapsed_ms(const NpuEvent& start, const NpuEvent& end) {
+  TORCH_CHECK(start.enable_timing && end.enable_timing,
+      "elapsed_time: both events must be created with enable_timing=True");
+  TORCH_CHECK(start.record && end.record,
+      "elapsed_time: both events must be recorded before calculating elapsed time");
+  TORCH_CHECK(start.device == end.device,
+      "elapsed_time: both events must be recorded on the same device, got npu:",
+      static_cast<int>(start.device), " and npu:", static_cast<int>(end.device));
+  TORCH_CHECK(event_query(start) && event_query(end),
+      "elapsed_time: both events must have completed; synchronize them first");
+  return std::chrono::duration<double, std::milli>(end.record->when - start.record->when).count();
+}
+
+void stream_wait_stream(NpuStream& waiter, NpuStream& target) {
+  if (&waiter == &target || target.query()) {
+    return;
+  }
+  NpuEvent event;
+  event_record(event, target);
+  stream_wait_event(waiter, event);
+}
+
+}  // namespace npusim

@@ -1,0 +1,37 @@
+// Events of the simulated NPU: a record marks a point of a stream, waits and
+// host synchronizations wait for it (CUDA's event semantics).
+#pragma once
+
+#include "stream.h"
+
+#include <chrono>
+#include <condition_variable>
+#include <memory>
+#include <mutex>
+
+namespace npusim {
+
+struct EventRecord {
+  std::mutex mutex;
+  std::condition_variable cv;
+  bool done = false;
+  std::chrono::steady_clock::time_point when;
+};
+
+// A recorded event points at the record of its latest record() call; waiting
+// streams capture that record, so re-recording never releases old waiters.
+struct NpuEvent {
+  bool enable_timing = false;
+  c10::DeviceIndex device = -1;
+  std::shared_ptr<EventRecord> record;
+};
+
+void event_record(NpuEvent& event, NpuStream& stream);
+void stream_wait_event(NpuStream& stream, const NpuEvent& event);
+bool event_query(const NpuEvent& event);
+void event_synchronize(const NpuEvent& event);
+double event_elapsed_ms(const NpuEvent& start, const NpuEvent& end);
+// Makes `waiter` wait for everything enqueued on `target` so far.
+void stream_wait_stream(NpuStream& waiter, NpuStream& target);
+
+}  // namespace npusim
