@@ -178,3 +178,20 @@ def test_chunked_linear_cross_entropy_differs_only_by_pytorchs_device_type_choic
                                                       acc_policy="accurate")
         assert torch.equal(F.linear_cross_entropy(x.npu(), w.npu(), t.npu(), reduction="none", options=explicit).cpu(),
                            F.linear_cross_entropy(x, w, t, reduction="none", options=explicit))
+
+
+def test_a_view_of_a_requires_grad_base_is_moved_as_such() -> None:
+    """A sample's view made under no_grad of a base that requires grad (istft's window[:8], window.real)
+    stays such a view on npu: autograd gives it no gradient there either, as on CPU."""
+    base = torch.rand(10, dtype=torch.complex64, requires_grad=True)
+    with torch.no_grad():
+        views = (base[:8], base.real[:8])
+    for view in views:
+        moved = compare._Mover()(view)
+        assert moved.device.type == "npu" and moved._base is not None and moved.requires_grad and moved.is_leaf
+        grads = []
+        for w in (view, moved):
+            x = torch.ones(8, dtype=w.dtype, device=w.device, requires_grad=True)
+            grads.append(torch.autograd.grad((w * x).abs().sum(), [x, w], allow_unused=True))
+        assert grads[0][1] is None and grads[1][1] is None
+        assert torch.equal(grads[1][0].cpu(), grads[0][0])

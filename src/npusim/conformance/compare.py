@@ -121,8 +121,30 @@ class _Mover:
     def __call__(self, t: torch.Tensor) -> torch.Tensor:
         key = id(t)
         if key not in self._tensors:
-            self._tensors[key] = self._move(t)
+            view = self._view_of_moved_base(t)
+            self._tensors[key] = view if view is not None else self._move(t)
         return self._tensors[key]
+
+    def _view_of_moved_base(self, t: torch.Tensor) -> torch.Tensor | None:
+        """A view of a base that requires grad stays a view of the moved base, made the same way.
+
+        A view made under no_grad (OpInfo makes istft's window[:8] so) has no grad_fn and inherits
+        requires_grad from its base, and autograd gives it no gradient; a fresh leaf would get one."""
+        base = t._base
+        if base is None or not base.requires_grad or t.layout != torch.strided or t.is_conj() or t.is_neg():
+            return None
+        moved_base = self(base)
+        try:
+            with torch.set_grad_enabled(t.grad_fn is not None):  # a view made under no_grad is a leaf view
+                typed = moved_base
+                if moved_base.is_complex() and not t.is_complex():
+                    typed = torch.view_as_real(moved_base)  # .real / .imag of a complex base
+                if typed.dtype != t.dtype:
+                    return None  # not a view autograd follows: moved as a tensor of its own
+                moved = typed.as_strided(t.size(), t.stride(), t.storage_offset())
+        except RuntimeError:
+            return None  # a layout view_as_real does not allow: moved as a tensor of its own
+        return moved
 
     def _move(self, t: torch.Tensor) -> torch.Tensor:
         with torch.no_grad():
