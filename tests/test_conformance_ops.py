@@ -155,29 +155,13 @@ def test_expected_failures_hold_in_every_dtype(swept: judge.Summary) -> None:
                if (r.op, r.dtype) == ("nn.functional.mish", "float16"))
 
 
-def test_a_factory_sample_without_a_device_may_give_cpu_results() -> None:
-    """arange(2) names no device and has no tensor: CPU results in both runs pass (samples 25, 26)."""
-    results = list(compare.run_op(compare.ops_by_name()["arange"], torch.float32, start=25, max_samples=27))
-    assert [(r.index, r.status) for r in results] == [(25, "pass"), (26, "pass")]
-
-
-def test_chunked_linear_cross_entropy_differs_only_by_pytorchs_device_type_choice() -> None:
-    """The chunked linear_cross_entropy's expected failure: PyTorch picks fp32 accumulation for fp16 / bf16
-    on cpu and the input dtype on an npu; with CPU's choices given explicitly npu equals CPU bit for bit."""
-    import torch.nn.functional as F  # noqa: N812  (the usual name)
-
-    options = torch.nn.LinearCrossEntropyOptions(batch_chunk_size=2)
-    for dtype in (torch.float16, torch.bfloat16):
-        cpu_choice = options._adjust(8, 16, 40, dtype, torch.device("cpu"))
-        npu_choice = options._adjust(8, 16, 40, dtype, torch.device("npu"))
-        assert (cpu_choice.acc_dtype, cpu_choice.acc_policy) == (torch.float32, "accurate")
-        assert (npu_choice.acc_dtype, npu_choice.acc_policy) == (dtype, "compact")
-        torch.manual_seed(0)
-        x, w, t = torch.randn(8, 16, dtype=dtype), torch.randn(40, 16, dtype=dtype), torch.randint(0, 40, (8,))
-        explicit = torch.nn.LinearCrossEntropyOptions(batch_chunk_size=2, acc_dtype=torch.float32,
-                                                      acc_policy="accurate")
-        assert torch.equal(F.linear_cross_entropy(x.npu(), w.npu(), t.npu(), reduction="none", options=explicit).cpu(),
-                           F.linear_cross_entropy(x, w, t, reduction="none", options=explicit))
+def test_samples_that_keep_their_results_on_cpu_pass() -> None:
+    """arange(2) names no device and has no tensor, zeros_like(t, device="cpu") and randint(..., device="cpu")
+    ask for cpu even on npu: CPU results in both runs pass."""
+    ops = compare.ops_by_name()
+    for name, start, stop in (("arange", 25, 27), ("zeros_like", 5, 7), ("randint", 10, 14)):
+        results = list(compare.run_op(ops[name], torch.float32, start=start, max_samples=stop, backward=False))
+        assert [(r.index, r.status) for r in results] == [(i, "pass") for i in range(start, stop)], name
 
 
 def test_a_view_of_a_requires_grad_base_is_moved_as_such() -> None:

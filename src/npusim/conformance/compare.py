@@ -57,8 +57,9 @@ __all__ = ["SampleResult", "dtype_from_name", "load_op_db", "ops_by_name", "run_
 # argument is taken from the twin. Where the twin cannot be generated or its
 # structure differs, every tensor goes to npu and `device="cpu"` becomes npu.
 # A sample with neither a tensor nor a device argument (a factory such as
-# arange(2)) makes CPU tensors in both runs: its results are not required on
-# npu.
+# arange(2)) and one whose twin names cpu as a device (zeros_like(t,
+# device="cpu"), randint(..., device="cpu")) make CPU tensors in both runs:
+# their results are not required on npu.
 
 NPU = torch.device("npu", 0)
 _MAX_DETAIL = 300
@@ -226,11 +227,13 @@ def _clone_sample(sample: Any) -> Any:
                        broadcasts_input=sample.broadcasts_input, name=sample.name)
 
 
-def _reaches_npu(sample: Any) -> bool:
-    """Whether the sample puts anything on npu: an npu tensor or an npu device argument."""
+def _results_belong_on_npu(sample: Any) -> bool:
+    """Whether the placed sample's results must be on npu: it puts something on npu (a tensor or a
+    device argument) and names no cpu device (zeros_like(t, device="cpu"), which OpInfo keeps so)."""
     leaves, _ = tree_flatten((sample.input, sample.args, sample.kwargs))
-    return any((isinstance(v, torch.Tensor) and v.device.type == "npu")
-               or (_is_device_like(v) and torch.device(v).type == "npu") for v in leaves)
+    devices = [torch.device(v).type for v in leaves if not isinstance(v, torch.Tensor) and _is_device_like(v)]
+    tensors = [v.device.type for v in leaves if isinstance(v, torch.Tensor)]
+    return "cpu" not in devices and "npu" in devices + tensors
 
 
 def _sample_tensors(sample: Any) -> list[torch.Tensor]:
@@ -348,8 +351,9 @@ def _check_sample(op: Any, sample: Any, twin: Any | None, dtype: torch.dtype, in
     cpu_p = sample.output_process_fn_grad(cpu_out)
     npu_p = npu_sample.output_process_fn_grad(npu_out)
     random = False
-    # A factory sample that names no device and has no tensor (arange(2)) makes CPU tensors on npu's run too.
-    on_npu = _reaches_npu(npu_sample)
+    # A factory sample that names no device and has no tensor (arange(2)), or one that asks for cpu
+    # (randint(..., device="cpu")), makes CPU tensors on npu's run too: Note [Sample placement].
+    on_npu = _results_belong_on_npu(npu_sample)
     diff = _compare(npu_p, cpu_p, "output", devices=on_npu)
     uncomparable = values_not_comparable(op, dtype)
     if diff is not None and uncomparable is not None and _compare(npu_p, cpu_p, "output", values=False) is None:
