@@ -42,7 +42,12 @@ def _x(reason: str, dtypes: str | None = None, phase: str | None = None, samples
 # missing convolution kernel (6 ops) and the linalg.lu_solve left=False values
 # were fixed and their entries removed.
 RANDOMIZED = ("random: a randomized algorithm draws its Gaussian sketch from npu's Philox generator and CPU's "
-              "from mt19937; the complex64 gradients of the two approximations differ by about 1e-4")
+              "from mt19937 (CUDA's Philox differs from CPU's too); the forward results agree, the gradients of "
+              "the two approximations differ by up to about 3e-3")
+SDPA_MATH_PATH = ("attention path: scaled_dot_product_attention on npu takes the math path where CPU takes its "
+                  "fused flash kernel (issue 24 item 7, the fused-attention hooks, on another branch); the "
+                  "gradients of a few samples differ just past assert_close's tolerance. Remove this entry "
+                  "when that lands: the sweep reports it as xpass")
 SPARSE = ("sparse: npu tensors are strided only; the op raises an error naming the layout "
           "(SparseCsrnpu has no kernels, sparse CPU results are refused by the fallback), in every dtype")
 CHUNKED_ACCUMULATION = (
@@ -52,8 +57,9 @@ CHUNKED_ACCUMULATION = (
     "with CPU's choices passed explicitly npu equals CPU bit for bit (tests/test_conformance_errors.py)")
 
 EXPECTED_FAILURES: dict[str, XFail | tuple[XFail, ...]] = {
-    'pca_lowrank': _x(RANDOMIZED, 'complex64', phase='backward', samples='0 1 3'),
-    'svd_lowrank': _x(RANDOMIZED, 'complex64', phase='backward', samples='0 1 3'),
+    'pca_lowrank': _x(RANDOMIZED, 'complex64', phase='backward'),
+    'svd_lowrank': _x(RANDOMIZED, 'complex64 float32', phase='backward'),
+    'nn.functional.scaled_dot_product_attention': _x(SDPA_MATH_PATH, 'bfloat16 float16 float32', phase='backward'),
     'nn.functional.linear_cross_entropy.chunked': _x(CHUNKED_ACCUMULATION, 'bfloat16 float16'),
     'nn.functional.linear_cross_entropy.chunked_none': _x(CHUNKED_ACCUMULATION, 'bfloat16 float16'),
     'sparse.mm.reduce': _x(SPARSE, phase='forward'),
