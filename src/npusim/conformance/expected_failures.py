@@ -57,9 +57,14 @@ CHUNKED_ACCUMULATION = (
     "with CPU's choices passed explicitly npu equals CPU bit for bit (tests/test_conformance_errors.py)")
 
 EXPECTED_FAILURES: dict[str, XFail | tuple[XFail, ...]] = {
-    'pca_lowrank': _x(RANDOMIZED, 'complex64', phase='backward'),
-    'svd_lowrank': _x(RANDOMIZED, 'complex64 float32', phase='backward'),
-    'nn.functional.scaled_dot_product_attention': _x(SDPA_MATH_PATH, 'bfloat16 float16 float32', phase='backward'),
+    # Failing samples named: a sample-limited sweep (CI's) must not find these entries stale.
+    'pca_lowrank': _x(RANDOMIZED, 'complex64', phase='backward', samples='2 4 5 6 7 8 10 11 12 13 14 15'),
+    'svd_lowrank': (_x(RANDOMIZED, 'complex64', phase='backward', samples='2 4 5 6 7 14'),
+                    _x(RANDOMIZED, 'float32', phase='backward', samples='12')),
+    'nn.functional.scaled_dot_product_attention': (
+        _x(SDPA_MATH_PATH, 'bfloat16', phase='backward', samples='8 12'),
+        _x(SDPA_MATH_PATH, 'float16', phase='backward', samples='12'),
+        _x(SDPA_MATH_PATH, 'float32', phase='backward', samples='8')),
     'nn.functional.linear_cross_entropy.chunked': _x(CHUNKED_ACCUMULATION, 'bfloat16 float16'),
     'nn.functional.linear_cross_entropy.chunked_none': _x(CHUNKED_ACCUMULATION, 'bfloat16 float16'),
     'sparse.mm.reduce': _x(SPARSE, phase='forward'),
