@@ -23,7 +23,7 @@ $(STAMP): pyproject.toml setup.py $(CXX_SOURCES)
 	$(PY) -m pip install -q --upgrade "pip>=23"
 	$(PY) -m pip install -q $(TORCH_SPEC)
 	@echo "Building npusim's C++ extensions (once, at install; about a minute):"
-	$(PY) -m pip install -v --no-build-isolation -e ".[test,plot]" 2>&1 \
+	$(PY) -m pip install -v --no-build-isolation -e ".[test,plot,integration]" 2>&1 \
 	  | sed -unE 's/^ *(\[[0-9]+\/[0-9]+\]) .* -c (\S+\.cpp) .*/  \1 \2/p; /[Ee]rror|Successfully installed/p'
 	touch $(STAMP)
 

@@ -15,6 +15,10 @@ from pathlib import Path
 
 from setuptools import setup
 
+# `import torch` would otherwise load an installed npusim through torch's device-backend
+# autoload (the entry point in pyproject.toml): never the npusim being built here.
+os.environ["TORCH_DEVICE_BACKEND_AUTOLOAD"] = "0"
+
 try:
     from torch import __version__ as torch_version
     from torch.utils.cpp_extension import BuildExtension, CppExtension

@@ -4,6 +4,9 @@ semantics, and failure when a peer dies. World size 2, each job bounded in time.
 from __future__ import annotations
 
 import os
+import re
+import subprocess
+import sys
 import time
 from datetime import timedelta
 
@@ -325,6 +328,29 @@ def test_dead_peer_fails_within_timeout():
     assert survivor["elapsed"] < PG_TIMEOUT_S + 2
     assert "hccl all_reduce on npu:0 (rank 0 of 2) failed" in survivor["stream"]
     assert "hccl barrier on npu:0 (rank 0 of 2) failed" in survivor["barrier"]
+
+
+def test_unwaited_failure_at_exit_is_one_line():
+    """A collective that failed (its peer died) and was never waited for is reported at exit on one
+    line naming the collective and the cause, with no atexit traceback; the exit is clean."""
+    script = os.path.join(os.path.dirname(__file__), "scripts", "peer_dies_before_wait.py")
+    server = dist.TCPStore("127.0.0.1", 0, is_master=True, wait_for_workers=False, timeout=timedelta(seconds=60))
+    env = {**os.environ, "OMP_NUM_THREADS": "1"}
+    ranks = [subprocess.Popen([sys.executable, script, str(server.port), str(r)], env=env, text=True,
+                              stdout=subprocess.PIPE, stderr=subprocess.PIPE) for r in range(2)]
+    try:
+        outs = [p.communicate(timeout=90) for p in ranks]
+    finally:
+        for p in ranks:
+            p.kill()
+    out, err = outs[0]
+    assert ranks[0].returncode == 0 and "rank 0 done" in out, err
+    assert "Traceback" not in err and "Exception ignored" not in err, err
+    lines = [line for line in err.splitlines() if line.startswith("npusim: at exit")]
+    assert len(lines) == 1, err
+    # gloo names the peer's death as it saw it: the socket closed, or reset while it read
+    assert "hccl all_reduce on npu:0 (rank 0 of 2) failed" in lines[0]
+    assert re.search(r"Connection (closed|reset) by peer", lines[0]), lines[0]
 
 
 def _peer_stalls(rank: int, world: int) -> dict[str, object]:

@@ -34,7 +34,7 @@ def test_one_key_value_parser_for_every_list_setting():
     """NPUSIM_TIMING and NPUSIM_PROFILE_OVERRIDES share one k=v parser with the same errors."""
     assert npusim.timing.parse("copy_gbps=2, launch_us=15") == npusim.timing.TimingModel(2.0, 15.0, 0.0)
     with pytest.raises(config.ConfigError, match="NPUSIM_TIMING: expected comma-separated key=value with keys "
-                                                 "copy_gbps, launch_us, link_gbps, got 'copy=2'"):
+                                                 "compute, copy_gbps, launch_us, link_gbps, got 'copy=2'"):
         npusim.timing.parse("copy=2")
     with pytest.raises(config.ConfigError, match="NPUSIM_TIMING copy_gbps: expected a number >= 0.0, got '-1'"):
         npusim.timing.parse("copy_gbps=-1")
@@ -42,6 +42,35 @@ def test_one_key_value_parser_for_every_list_setting():
         from npusim.runtime.profiles import parse_overrides
 
         parse_overrides("nd_outt=0")
+
+
+def test_duplicate_keys_are_refused_naming_variable_and_key():
+    """A key given twice in a key=value / key:value setting is an error naming the variable and the key."""
+    from npusim.runtime.profiles import parse_overrides
+
+    cases = [
+        (lambda: config.parse_alloc_conf("max_split_size_mb:128,max_split_size_mb:256"),
+         "PYTORCH_NPU_ALLOC_CONF: key 'max_split_size_mb' is given more than once"),
+        (lambda: config.parse_alloc_conf("page_size:1g, page_size:1g"),
+         "PYTORCH_NPU_ALLOC_CONF: key 'page_size' is given more than once"),
+        (lambda: npusim.timing.parse("copy_gbps=2,launch_us=1,copy_gbps=3"),
+         "NPUSIM_TIMING: key 'copy_gbps' is given more than once"),
+        (lambda: parse_overrides("nd_out=0,nd_out=1"),
+         "NPUSIM_PROFILE_OVERRIDES: key 'nd_out' is given more than once"),
+    ]
+    for parse, message in cases:
+        with pytest.raises(config.ConfigError, match=message):
+            parse()
+    assert config.parse_alloc_conf("max_split_size_mb:128").max_split_size == 128 << 20
+
+
+def test_readme_lists_each_variable_once():
+    """The README's configuration table has one row per variable."""
+    readme = open(os.path.join(os.path.dirname(__file__), "..", "README.md")).read()
+    table = readme.split("## Configuration", 1)[1].split("\n## ", 1)[0]
+    rows = [line for line in table.splitlines() if line.startswith("| `")]
+    named = [name for line in rows for name in config.VARIABLES if f"`{name}`" in line.split("|")[1]]
+    assert sorted(named) == sorted(config.VARIABLES)
 
 
 def test_unregistered_variable_is_refused():

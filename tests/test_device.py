@@ -77,11 +77,12 @@ def test_pinned_memory():
 
 def test_second_backend_on_privateuse1_is_refused():
     """Importing npusim when another backend owns PrivateUse1 fails with a clear message."""
+    # Autoload off: otherwise `import torch` has already given PrivateUse1 to npusim (tests/test_autoload.py).
     result = run_python("""
         import torch
         torch.utils.rename_privateuse1_backend("otherdev")
         import npusim
-    """)
+    """, env={"TORCH_DEVICE_BACKEND_AUTOLOAD": "0"})
     assert result.returncode != 0
     assert "BackendConflictError" in result.stderr and "'otherdev'" in result.stderr
 

@@ -6,6 +6,7 @@ The list and the not-applicable reasons are in npusim/runtime/parity.py (with wh
 from __future__ import annotations
 
 import collections
+import inspect
 import warnings
 from collections.abc import Callable
 from types import ModuleType
@@ -13,7 +14,7 @@ from types import ModuleType
 import pytest
 import torch
 
-from npusim.runtime.parity import NOT_APPLICABLE, PROVIDED_BY_GRAPHS_MODULE, SHARED_WITH_CUDA
+from npusim.runtime.parity import NOT_APPLICABLE, SHARED_WITH_CUDA
 
 BAD = 99  # past device_count(): torch.cuda raises for it
 
@@ -200,7 +201,83 @@ def _submodule(name: str, *attrs: str) -> Callable[[ModuleType], None]:
     return check
 
 
+# torch.cuda.graph's debugging aids of torch 2.13 that need CUDA itself: kernel annotations (the
+# cuda.bindings package, driver 13.1) and the input liveness tracker (torch.utils._cuda_debug).
+CUDA_ONLY_GRAPH_PARAMETERS = ("enable_annotations", "check_input_liveness")
+
+
+def _same_parameters(npu_fn: Callable[..., object], cuda_fn: Callable[..., object]) -> None:
+    """The same parameters in the same order, torch_npu's npu_graph for cuda_graph."""
+    cuda = [{"cuda_graph": "npu_graph"}.get(p, p) for p in inspect.signature(cuda_fn).parameters
+            if p not in CUDA_ONLY_GRAPH_PARAMETERS]
+    assert list(inspect.signature(npu_fn).parameters) == cuda
+
+
+def _captured_double(m: ModuleType, pool: object = None) -> None:
+    """Captures y = x * 2 on a side stream and replays it for a new x."""
+    x = torch.ones(8, device="npu")
+    side = m.Stream()
+    side.wait_stream(m.current_stream())
+    g = m.NPUGraph()
+    with m.stream(side):
+        y = x * 2  # warm-up outside the capture, as torch.cuda.graph's docs ask
+        with m.graph(g, pool=pool):
+            y = x * 2
+    m.current_stream().wait_stream(side)
+    x.fill_(3.0)
+    g.replay()
+    assert torch.equal(y.cpu(), torch.full((8,), 6.0))
+
+
+def _graph(m: ModuleType) -> None:
+    assert isinstance(m.graph, type)
+    _same_parameters(m.graph.__init__, torch.cuda.graph.__init__)
+    _captured_double(m)
+
+
+def _graph_pool_handle(m: ModuleType) -> None:
+    handle = m.graph_pool_handle()
+    assert isinstance(handle, tuple) and len(handle) == 2 and all(isinstance(v, int) for v in handle)
+    assert m.graph_pool_handle() != handle  # each call makes a new pool, as torch.cuda's does
+    _captured_double(m, pool=handle)
+    _captured_double(m, pool=handle)  # two captures share it
+
+
+def _is_capturing(m: ModuleType) -> None:
+    assert m.is_current_stream_capturing() is False
+    side, g, seen = m.Stream(), m.NPUGraph(), []
+    with m.stream(side), m.graph(g):
+        seen.append(m.is_current_stream_capturing())
+    assert seen == [True] and m.is_current_stream_capturing() is False
+
+
+def _make_graphed_callables(m: ModuleType) -> None:
+    _same_parameters(m.make_graphed_callables, torch.cuda.make_graphed_callables)
+    torch.manual_seed(0)
+    model = torch.nn.Linear(4, 3).to("npu")
+    eager = torch.nn.Linear(4, 3).to("npu")
+    eager.load_state_dict(model.state_dict())
+    graphed = m.make_graphed_callables(model, (torch.randn(2, 4, device="npu", requires_grad=True),))
+    x = torch.randn(2, 4, device="npu", requires_grad=True)
+    graphed(x).sum().backward()
+    eager(x.detach()).sum().backward()
+    torch.testing.assert_close(model.weight.grad.cpu(), eager.weight.grad.cpu())
+
+
+def _graphs_module(m: ModuleType) -> None:
+    """torch.npu.graphs holds what torch.cuda.graphs does (NPUGraph for CUDAGraph), the same objects as torch.npu."""
+    shared = ("graph", "graph_pool_handle", "is_current_stream_capturing", "make_graphed_callables")
+    assert all(hasattr(torch.cuda.graphs, name) for name in (*shared, "CUDAGraph"))
+    _submodule("graphs", "NPUGraph", *shared)(m)
+    assert all(getattr(m.graphs, name) is getattr(m, name) for name in (*shared, "NPUGraph"))
+
+
 CHECKS: dict[str, Callable[[ModuleType], None]] = {
+    "graph": _graph,
+    "graph_pool_handle": _graph_pool_handle,
+    "graphs": _graphs_module,
+    "is_current_stream_capturing": _is_capturing,
+    "make_graphed_callables": _make_graphed_callables,
     "Event": lambda m: (isinstance(m.Event(enable_timing=True), m.Event) or None),
     "Stream": _stream_checks,
     "StreamContext": _stream_context,
@@ -271,19 +348,17 @@ CHECKS.update({f"{p}Storage": _legacy_storage(p, d) for p, d in _LEGACY.items()}
 
 
 def test_every_shared_name_is_classified_once():
-    """Each shared name is checked, not applicable (with a reason) or left to the graphs module; the count adds up."""
-    groups = [set(CHECKS), set(NOT_APPLICABLE), set(PROVIDED_BY_GRAPHS_MODULE)]
+    """Each shared name is checked or not applicable (with a reason); the count adds up."""
+    groups = [set(CHECKS), set(NOT_APPLICABLE)]
     assert sum(len(g) for g in groups) == len(set().union(*groups)), "a name is in two groups"
     assert set().union(*groups) == set(SHARED_WITH_CUDA)
     assert all(len(reason) > 20 for reason in NOT_APPLICABLE.values())
-    assert (len(CHECKS), len(NOT_APPLICABLE), len(PROVIDED_BY_GRAPHS_MODULE), len(SHARED_WITH_CUDA)) == (79, 8, 5, 92)
+    assert (len(CHECKS), len(NOT_APPLICABLE), len(SHARED_WITH_CUDA)) == (84, 8, 92)
 
 
 @pytest.mark.parametrize("name", SHARED_WITH_CUDA)
 def test_name_exists_and_behaves_like_torch_cuda(name):
     """The name exists on torch.npu and behaves as torch.cuda's does (types, shapes, bad-index errors)."""
-    if name in PROVIDED_BY_GRAPHS_MODULE:
-        pytest.skip("provided by the graphs module (torch.npu.NPUGraph and friends, built in parallel)")
     if name in NOT_APPLICABLE:
         pytest.skip(f"not applicable: {NOT_APPLICABLE[name]}")
     assert hasattr(torch.npu, name), f"torch.npu.{name} is missing"

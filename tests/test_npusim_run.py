@@ -16,6 +16,7 @@ import pytest
 import torch
 
 from npusim.compat import torch_npu as shim
+from npusim.testing.torchrun import run_bounded
 
 SCRIPT = Path(__file__).parent / "scripts" / "torch_npu_train.py"
 
@@ -31,16 +32,7 @@ def _env() -> dict[str, str]:
 
 
 def _run(cmd: list[str], timeout: float) -> subprocess.CompletedProcess:
-    """Runs ``cmd`` in its own session; kills the whole group when it outlives ``timeout``."""
-    with subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=_env(),
-                          start_new_session=True) as proc:
-        try:
-            out, err = proc.communicate(timeout=timeout)
-        except subprocess.TimeoutExpired:
-            os.killpg(proc.pid, signal.SIGKILL)
-            out, err = proc.communicate()
-            raise AssertionError(f"{' '.join(cmd)} did not finish within {timeout} s:\n{err[-3000:]}") from None
-    return subprocess.CompletedProcess(cmd, proc.returncode, out, err)
+    return run_bounded(cmd, timeout, env={"OMP_NUM_THREADS": "1"})
 
 
 def _results(stdout: str) -> list[dict]:
@@ -56,11 +48,12 @@ def test_shim_exists_only_while_installed():
         import torch_npu.npu.amp
 
         assert torch_npu is module and torch_npu.npu is torch.npu and torch_npu.npu.amp is torch.npu.amp
-        with pytest.raises(shim.NotSimulatedError, match=r"torch_npu.npu_format_cast is not simulated by npusim"):
-            torch_npu.npu_format_cast(torch.ones(2, device="npu"), 29)
+        with pytest.raises(shim.NotSimulatedError, match=r"torch_npu.npu_quant_matmul is not simulated by npusim"):
+            torch_npu.npu_quant_matmul(torch.ones(2, device="npu"), torch.ones(2, device="npu"))
+        assert torch_npu.npu_rms_norm is torch.ops.npu.npu_rms_norm  # a simulated fused operator
         with pytest.raises(ImportError, match=r"torch_npu.profiler is not simulated by npusim"):
             import torch_npu.profiler  # noqa: F401
-        with pytest.raises(AttributeError, match="npusim's compatibility module"):
+        with pytest.raises(AttributeError, match=r"torch_npu.no_such_name is not simulated by npusim"):
             torch_npu.no_such_name  # noqa: B018
     finally:
         shim.uninstall()
@@ -81,18 +74,21 @@ def test_run_trains_a_torch_npu_script(tmp_path):
 
 
 def test_run_names_an_unsimulated_call(tmp_path):
-    """transfer_to_npu maps torch.cuda to the npu; a torch_npu-only operator stops the script naming the call."""
+    """transfer_to_npu maps torch.cuda to the npu; a simulated fused operator runs and an unsimulated torch_npu
+    operator stops the script naming the call."""
     script = tmp_path / "fused.py"
     script.write_text(textwrap.dedent("""
         import torch, torch_npu
         from torch_npu.contrib import transfer_to_npu  # noqa: F401
         print("cuda is npu:", torch.cuda is torch.npu, torch.cuda.device_count())
         q = torch.ones(1, 2, 4, 8, device="npu")
-        torch_npu.npu_fusion_attention(q, q, q, 2, "BNSD")
+        print("rms_norm:", tuple(torch_npu.npu_rms_norm(q, torch.ones(8, device="npu"))[0].shape))
+        torch_npu.npu_dropout_with_add_softmax(q, q, 1.0, 0.1, -1)
     """))
     result = _run([sys.executable, "-m", "npusim", "run", str(script)], 120)
     assert result.returncode != 0 and "cuda is npu: True 8" in result.stdout
-    assert "torch_npu.npu_fusion_attention is not simulated by npusim" in result.stderr
+    assert "rms_norm: (1, 2, 4, 8)" in result.stdout
+    assert "torch_npu.npu_dropout_with_add_softmax is not simulated by npusim" in result.stderr
 
 
 def _torchrun(*launch: str, timeout: float = 300) -> list[dict]:

@@ -37,8 +37,8 @@ def test_each_aten_kernel_comes_from_one_known_file():
     expected_files = {
         "csrc/aten/aten_ops.cpp", "csrc/aten/fallback.cpp", "csrc/aten/fallback_routes.cpp",
         "csrc/aten/random_ops.cpp", "csrc/aten/cuda_semantics.cpp", "csrc/aten/foreach_copy.cpp",
-        "csrc/aten/zero_tensor.cpp", "csrc/aten/record_stream.cpp",
-        "ops/foreach_copy.py", "ops/rnn_cells.py", "ops/sync_batch_norm.py",
+        "csrc/aten/zero_tensor.cpp", "csrc/aten/record_stream.cpp", "csrc/aten/attention.cpp",
+        "ops/attention.py", "ops/foreach_copy.py", "ops/rnn_cells.py", "ops/sync_batch_norm.py",
         "torch",  # c10d's own functional collectives register PrivateUse1 kernels of their aten ops
     }
     assert set(by_file) <= expected_files, sorted(set(by_file) - expected_files)
@@ -57,6 +57,8 @@ def test_each_aten_kernel_comes_from_one_known_file():
         "aten::batch_norm_stats": "ops/sync_batch_norm.py",
         "aten::_efficientzerotensor": "csrc/aten/zero_tensor.cpp",
         "aten::record_stream": "csrc/aten/record_stream.cpp",
+        "aten::_fused_sdp_choice": "csrc/aten/attention.cpp",
+        "aten::_scaled_dot_product_fused_attention_overrideable": "ops/attention.py",
     }
     assert {name: providers.get(name) for name in samples} == samples
 

@@ -124,6 +124,72 @@ def test_pinned_buffer_changed_while_copy_queued():
     assert kinds(lambda: _pinned_reuse(True)) == []
 
 
+def _pinned_h2d(route: str, ordered: bool) -> Any:
+    """A pinned host buffer copied to the npu without blocking by ``route``, then changed."""
+    host = torch.randn(N).pin_memory()
+    if route == "to":
+        x = host.to("npu", non_blocking=True)
+    elif route == "to_dtype":
+        x = host.to("npu", torch.float16, non_blocking=True)
+    elif route == "npu":
+        x = host.npu(non_blocking=True)
+    elif route == "copy_":
+        x = torch.empty(N, device="npu")
+        x.copy_(host, non_blocking=True)
+    else:  # the batched host->device route of _foreach_copy_
+        x = [torch.empty(N, device="npu") for _ in range(2)]
+        with npusim.ops.trace_foreach_copy() as calls:
+            torch._foreach_copy_(x, [host, torch.randn(N).pin_memory()], non_blocking=True)
+        assert calls[0].routes == ("batch",)
+    if ordered:
+        torch.npu.current_stream().synchronize()
+    host.add_(1.0)  # the stream may not have read it yet
+    return x, host
+
+
+@pytest.mark.parametrize("route", ["to", "to_dtype", "npu", "copy_", "foreach_copy_batch"])
+def test_pinned_source_changed_under_every_non_blocking_h2d_route(route):
+    """(3) Every route of a non-blocking copy from pinned memory (.to, .npu(), copy_, the batched
+    _foreach_copy_) leaves the buffer to the stream: changing it before a synchronize is reported."""
+    assert kinds(lambda: _pinned_h2d(route, False)) == [RaceKind.PINNED]
+    assert kinds(lambda: _pinned_h2d(route, True)) == []
+
+
+def test_dataloader_pin_memory_idiom():
+    """DataLoader(pin_memory=True) batches moved with .to(non_blocking=True): clean as written, and
+    each batch changed after its copy was issued is reported."""
+    from torch.utils.data import DataLoader, TensorDataset
+
+    loader = DataLoader(TensorDataset(torch.randn(8, N)), batch_size=4, pin_memory=True)
+
+    def run(change: bool) -> Any:
+        kept = []
+        for (batch,) in loader:
+            assert batch.is_pinned()
+            kept.append(batch.to("npu", non_blocking=True) * 2)
+            if change:
+                batch.mul_(2)
+        return kept
+
+    assert kinds(lambda: run(False)) == []
+    assert kinds(lambda: run(True)) == [RaceKind.PINNED, RaceKind.PINNED]
+
+
+def test_non_blocking_to_cpu_read_early_is_reported():
+    """(2) .to("cpu", non_blocking=True) returns pinned memory the stream writes later: reading it
+    before a synchronize is reported, after one it is not."""
+    def fn(ordered: bool) -> Any:
+        x = torch.randn(N, device="npu")
+        y = x.to("cpu", non_blocking=True)
+        assert y.is_pinned()
+        if ordered:
+            torch.npu.synchronize()
+        return x, y.sum()
+
+    assert kinds(lambda: fn(False)) == [RaceKind.HOST]
+    assert kinds(lambda: fn(True)) == []
+
+
 def test_pageable_source_is_staged_not_reported():
     """A pageable non-blocking source is staged at the call: changing it is no race."""
     def fn() -> Any:

@@ -213,14 +213,18 @@ def test_events_on_an_idle_stream_complete_on_the_host():
 
 
 def test_events_stay_stream_tasks_under_the_profiler():
-    """Under torch.profiler a record on an idle stream is still a device task, so the trace shows it."""
+    """While torch.profiler records npu activities, a record on an idle stream is still a device task,
+    so the trace shows it on the stream's row."""
+    from torch.profiler import ProfilerActivity
+
     torch.npu.synchronize()
-    with torch.profiler.profile(activities=[torch.profiler.ProfilerActivity.CPU]) as prof:
+    with torch.profiler.profile(activities=[ProfilerActivity.CPU, ProfilerActivity.PrivateUse1]) as prof:
         done = torch.npu.Event()
         done.record()
         torch.npu.synchronize()
     assert done.query()
-    assert any(e.name.endswith("event_record") for e in prof.events())
+    records = [e for e in prof.events() if e.name == "event_record"]
+    assert [(e.device_type, e.device_resource_id) for e in records] == [(torch.autograd.DeviceType.PrivateUse1, 0)]
 
 
 def test_small_copies_on_an_idle_stream_are_done_by_the_caller():

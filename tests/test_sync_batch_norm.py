@@ -61,3 +61,28 @@ def test_sync_batch_norm_matches_single_process_batch_norm():
         assert_close(res["grad_x"], ref["grad_x"][rows], atol=1e-5, rtol=1e-4)
         for key in ("grad_w", "grad_b", "running_mean", "running_var"):
             assert_close(res[key], ref[key], atol=1e-5, rtol=1e-4, msg=lambda m, k=key: f"{k}: {m}")
+
+
+def test_batch_norm_gather_stats_equal_counts():
+    """batch_norm_gather_stats (every rank counts `count` elements) combines per-rank statistics into
+    the whole batch's mean and invstd and updates the running statistics as BatchNorm over the whole
+    batch does; it equals the counts variant given equal counts."""
+    x = torch.randn(6, 4, 5, 5, generator=torch.Generator().manual_seed(3)) * 2 + 1
+    eps, momentum = 1e-5, 0.1
+    stats = [torch.batch_norm_stats(chunk.npu(), eps) for chunk in x.chunk(3)]
+    mean = torch.stack([m for m, _ in stats])
+    invstd = torch.stack([s for _, s in stats])
+    running_mean, running_var = torch.zeros(4, device="npu"), torch.ones(4, device="npu")
+    count = 2 * 5 * 5
+    got_mean, got_invstd = torch.batch_norm_gather_stats(x.npu(), mean, invstd, running_mean, running_var,
+                                                         momentum, eps, count)
+    assert_close(got_mean.cpu(), x.mean((0, 2, 3)))
+    assert_close(got_invstd.cpu(), (x.var((0, 2, 3), unbiased=False) + eps).rsqrt())
+    ref_mean, ref_var = torch.zeros(4), torch.ones(4)
+    torch.nn.functional.batch_norm(x, ref_mean, ref_var, training=True, momentum=momentum, eps=eps)
+    assert_close(running_mean.cpu(), ref_mean)
+    assert_close(running_var.cpu(), ref_var)
+    counts = torch.full((3,), float(count), device="npu")
+    with_counts = torch.batch_norm_gather_stats_with_counts(x.npu(), mean, invstd, None, None, momentum, eps,
+                                                             counts)
+    assert torch.equal(with_counts[0].cpu(), got_mean.cpu()) and torch.equal(with_counts[1].cpu(), got_invstd.cpu())

@@ -5,7 +5,9 @@ once (importing this module registers nothing).
 What registration does: checks that no other backend owns PrivateUse1, hands
 the C++ core the environment's settings (see :mod:`npusim.config`), installs
 the device guard, hooks and allocator, names PrivateUse1 ``npu``, registers
-``torch.npu`` and generates the ``Tensor.npu()`` methods; then it runs the
+``torch.npu`` (its submodules importable as ``torch.npu.<name>``) and
+``torch.backends.npu``, generates the ``Tensor.npu()`` methods, and keeps a real
+torch_npu from loading on top (Note [One owner of the npu device]); then it runs the
 layers' registrations it is handed, in their order (the op plugin's kernels,
 the collective backend, torch.compile, the sanitizer). The layers are handed
 in by the face because they sit above this module: it imports none of them.
@@ -14,9 +16,14 @@ in by the face because they sit above this module: it imports none of them.
 from __future__ import annotations
 
 import atexit
+import importlib.abc
+import importlib.machinery
+import importlib.util
 import sys
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
+from types import ModuleType
+from typing import Any
 
 import torch
 
@@ -58,6 +65,63 @@ def apply_settings() -> None:
                                conf.garbage_collection_threshold, conf.roundup_power2_divisions)
 
 
+# Note [One owner of the npu device]
+# A process has one PrivateUse1 backend. Importing npusim after a real torch_npu raises
+# BackendConflictError (_check_privateuse1_is_free). The other order, a real torch_npu
+# imported after npusim, would fail somewhere inside torch_npu's C++ registration, so
+# npusim puts a finder at the front of sys.meta_path that answers for the top-level name
+# ``torch_npu`` only when some other finder would load a real one, with a loader that
+# raises BackendConflictError instead. This is what a process gets whose ``import torch``
+# autoloaded npusim through the ``torch.backends`` entry point (pyproject.toml) and then
+# imports an installed torch_npu, or whose ``import torch`` runs both backends' entry
+# points. Under ``python -m npusim run`` npusim's own torch_npu finder comes first, so the
+# guard never sees the name there. It adds nothing importable: where no real torch_npu is
+# installed, ``import torch_npu`` still fails as it would without npusim.
+
+
+class _RefuseRealTorchNpu(importlib.abc.Loader):
+    def __init__(self, origin: str | None) -> None:
+        self.origin = origin
+
+    def create_module(self, spec: importlib.machinery.ModuleSpec) -> ModuleType | None:
+        raise BackendConflictError(
+            f"torch_npu ({self.origin}) cannot be imported: npusim's simulated npu already owns the PrivateUse1 "
+            "device in this process (npusim is loaded by `import torch` through the torch.backends entry point "
+            "unless TORCH_DEVICE_BACKEND_AUTOLOAD=0, or by `import npusim`). Use one or the other in a process: "
+            "set TORCH_DEVICE_BACKEND_AUTOLOAD=0 to use the real torch_npu, or run the script with "
+            "`python -m npusim run` to get npusim's torch_npu.")
+
+    def exec_module(self, module: ModuleType) -> None:
+        raise AssertionError("unreachable: create_module raises")
+
+
+class _RealTorchNpuGuard(importlib.abc.MetaPathFinder):
+    """See Note [One owner of the npu device]."""
+
+    def find_spec(self, fullname: str, path: Sequence[str] | None, target: Any = None) -> Any:
+        if fullname != "torch_npu":
+            return None
+        for finder in list(sys.meta_path):  # a finder may change the list (compat's startup hook does)
+            if finder is self or not hasattr(finder, "find_spec"):
+                continue
+            spec = finder.find_spec(fullname, path, target)
+            if spec is not None:
+                if getattr(spec.loader, "npusim_compat", False):
+                    return spec  # npusim's own torch_npu (npusim run): not a conflict
+                return importlib.util.spec_from_loader(fullname, _RefuseRealTorchNpu(spec.origin))
+        return None
+
+
+def _register_submodules(npu_module: ModuleType) -> None:
+    """``import torch.npu.amp`` and ``torch.backends.npu`` work as with torch_npu's package."""
+    for name in npu_module.SUBMODULES:
+        sys.modules[f"torch.npu.{name}"] = getattr(npu_module, name)
+    from npusim.runtime import backends
+
+    torch.backends.npu = backends  # type: ignore[attr-defined]
+    sys.modules["torch.backends.npu"] = backends
+
+
 _registered = False
 
 
@@ -83,8 +147,14 @@ def _register_device() -> None:
     from npusim.runtime import npu as npu_module
 
     torch._register_device_module("npu", npu_module)
+    _register_submodules(npu_module)
     torch.utils.generate_methods_for_privateuse1_backend(for_storage=True)
+    sys.meta_path.insert(0, _RealTorchNpuGuard())
     atexit.register(_drain_at_exit)
+    from npusim.runtime import backend_meta, ipc
+
+    backend_meta.install_fake_tensor_hook()  # Note [Backend metadata of fake tensors]
+    ipc.install()  # npu tensors through torch.multiprocessing
 
     from npusim.runtime import memory, timing
 
@@ -105,10 +175,66 @@ def _drain_at_exit() -> None:
     already finalizing then, taking the GIL aborts the process. A short wait
     with the GIL released closes that window.
     """
+    synchronize_all_at_exit()
+    time.sleep(0.05)
+
+
+# Note [Failures found at exit]
+# Asynchronous work that failed surfaces at the stream's next synchronize. When
+# nothing synchronized after it (a rank issues a collective, its peer dies, the
+# script ends), the first synchronize is the one at exit, and its error used to
+# end the run with "Exception ignored in atexit callback" and a traceback of
+# npusim's exit handler, which says nothing about the failure's cause. No caller
+# is left to handle it then, so it is reported as what it is, one line per
+# failed stream, and the exit goes on.
+#
+# An exit because of Ctrl-C (KeyboardInterrupt, possibly out of an interrupted
+# host wait: Note [Interruptible host waits] in csrc/runtime/host_wait.h) waits for the
+# streams at most INTERRUPTED_EXIT_WAIT_S: the user asked to stop, and the work
+# the wait was for may take minutes (a stalled collective). What is still
+# queued then is left to the stream workers, which the process's exit ends.
+_MAX_FAILED_STREAMS = 64  # each synchronize raises one stream's error; a bound, never reached in practice
+INTERRUPTED_EXIT_WAIT_S = 1.0
+
+
+def exiting_on_interrupt() -> bool:
+    """True when the interpreter is exiting because of an uncaught KeyboardInterrupt."""
+    return isinstance(getattr(sys, "last_value", None), KeyboardInterrupt)
+
+
+def synchronize_all_at_exit() -> None:
+    """Waits for every stream of every device at interpreter exit; work that failed and was never
+    waited for is reported on stderr, one line each, instead of raising. After a Ctrl-C the wait is
+    bounded. See Note [Failures found at exit]."""
     from npusim.runtime import acl
 
     if acl.in_bad_fork():
         return  # a forked child: the parent's streams are not ours to drain
-    acl.synchronize_all()
-    time.sleep(0.05)
+    if exiting_on_interrupt():
+        _wait_for_streams_until(time.monotonic() + INTERRUPTED_EXIT_WAIT_S)
+        return
+    for _ in range(_MAX_FAILED_STREAMS):
+        try:
+            acl.synchronize_all()
+            return
+        except RuntimeError as error:  # the stream's error is cleared once raised: go on with the others
+            print(f"npusim: at exit, work that was never waited for had failed: {error}", file=sys.stderr,
+                  flush=True)
+        except KeyboardInterrupt:  # a Ctrl-C during the wait at exit: stop waiting
+            return
+
+
+def _wait_for_streams_until(deadline: float) -> None:
+    from npusim.runtime import acl
+
+    for device in range(acl.device_count()):
+        for stream_id in range(acl.STREAMS_PER_DEVICE):
+            if acl.stream_pending(stream_id, device) == 0:
+                continue
+            try:
+                acl.synchronize_stream(stream_id, device, max(deadline - time.monotonic(), 0.0))
+            except (RuntimeError, KeyboardInterrupt):
+                print(f"npusim: interrupted; not waiting for the work still queued on npu:{device}", file=sys.stderr,
+                      flush=True)
+                return
 

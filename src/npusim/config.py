@@ -43,7 +43,7 @@ VARIABLES: dict[str, Variable] = {v.name: v for v in (
     Variable("NPUSIM_MEMORY_CAPACITY", "", "per-device capacity such as 512MiB (default: the profile's HBM size)"),
     Variable("NPUSIM_PROFILE", "training_soc", "capability preset"),
     Variable("NPUSIM_PROFILE_OVERRIDES", "", "per-flag profile overrides, e.g. nd_out=0,batch=1"),
-    Variable("NPUSIM_TIMING", "", "timing model, e.g. copy_gbps=2,launch_us=20,link_gbps=1 (default off)"),
+    Variable("NPUSIM_TIMING", "", "timing model, e.g. copy_gbps=2,launch_us=20,link_gbps=1,compute=1 (default off)"),
     Variable("NPUSIM_FOREACH_COPY_MODE", "aligned", "aligned or legacy (the _foreach_copy_ kernel before the change)"),
     Variable("NPUSIM_LAUNCH_BLOCKING", "0", "1: every device task completes before its launch returns"),
     Variable("NPUSIM_SANITIZER", "0", "1: report stream races (npusim.sanitizer), like TORCH_CUDA_SANITIZER"),
@@ -128,13 +128,15 @@ def parse_settings(text: str, name: str, readers: Mapping[str, Callable[[str, st
                    assign: str = "=") -> dict[str, T]:
     """Parses ``"key=value,key=value"`` (``assign`` is the ``=``): each key must be one of
     ``readers``, whose reader turns the value's text into a setting (it is given
-    ``"NAME key"`` for errors)."""
+    ``"NAME key"`` for errors), and may appear once."""
     settings: dict[str, T] = {}
     for item in filter(None, (part.strip() for part in text.split(","))):
         key, sep, value = item.partition(assign)
         key = key.strip()
         if not sep or key not in readers:
             raise fail(name, f"comma-separated key{assign}value with keys {', '.join(sorted(readers))}", item)
+        if key in settings:  # which of the two was meant is the user's to say, not ours
+            raise ConfigError(f"{name}: key {key!r} is given more than once, in {text!r}; give it once")
         settings[key] = readers[key](value, f"{name} {key}")
     return settings
 
@@ -266,17 +268,20 @@ def profile_overrides(readers: Mapping[str, Callable[[str, str], T]]) -> dict[st
     return parse_settings(env("NPUSIM_PROFILE_OVERRIDES"), "NPUSIM_PROFILE_OVERRIDES", readers)
 
 
-def timing(fields: tuple[str, ...]) -> dict[str, float] | None:
-    """``NPUSIM_TIMING`` as {field: value >= 0} over the timing model's ``fields``; None when unset."""
+def timing(fields: tuple[str, ...], flags: tuple[str, ...] = ()) -> dict[str, float | bool] | None:
+    """``NPUSIM_TIMING`` as {field: value >= 0, flag: bool} over the timing model's ``fields`` and
+    ``flags``; None when unset."""
     text = env("NPUSIM_TIMING")
     if not text:
         return None
-    return parse_timing(text, fields)
+    return parse_timing(text, fields, flags)
 
 
-def parse_timing(text: str, fields: tuple[str, ...]) -> dict[str, float]:
-    """Parses ``"copy_gbps=2,launch_us=20"`` over the timing model's ``fields``."""
-    readers = {key: lambda value, name: parse_float(value, name, low=0.0) for key in fields}
+def parse_timing(text: str, fields: tuple[str, ...], flags: tuple[str, ...] = ()) -> dict[str, float | bool]:
+    """Parses ``"copy_gbps=2,launch_us=20,compute=1"``: numbers for ``fields``, booleans for ``flags``."""
+    readers: dict[str, Callable[[str, str], float | bool]] = {
+        key: lambda value, name: parse_float(value, name, low=0.0) for key in fields}
+    readers.update({key: parse_bool for key in flags})
     return parse_settings(text, "NPUSIM_TIMING", readers)
 
 

@@ -2,7 +2,8 @@
 
 :func:`register` (the package's step of ``npusim``'s one ordered registration,
 run by ``npusim._device.register``) registers ``aten::_foreach_copy_`` for the
-npu (see ``npusim.ops.foreach_copy`` for its routing), the fused RNN cells
+npu (see ``npusim.ops.foreach_copy`` for its routing), the fused attention
+kernels (``npusim.ops.attention``), the fused RNN cells
 (``npusim.ops.rnn_cells``) and SyncBatchNorm's statistics
 (``npusim.ops.sync_batch_norm``), CUDA-only ops PyTorch calls on an npu tensor,
 op-plugin's fused operators (``npusim.ops.fused``), and then routes structured
@@ -12,7 +13,7 @@ except :data:`~npusim.ops.routes.CUDA_RUNS_THE_COMPOSITE`). Which file provides 
 listed by tests/test_registration.py.
 """
 
-from npusim.ops import foreach_copy, fused, rnn_cells, sync_batch_norm
+from npusim.ops import attention, foreach_copy, fused, rnn_cells, sync_batch_norm
 from npusim.ops.foreach_copy import (
     foreach_copy_mode,
     get_foreach_copy_mode,
@@ -30,6 +31,7 @@ FALLBACK_ROUTES: dict[str, str] = {}
 
 def register() -> None:
     """Registers the op plugin's kernels, in order (idempotent)."""
+    attention.register()
     rnn_cells.register()
     sync_batch_norm.register()
     foreach_copy.register()

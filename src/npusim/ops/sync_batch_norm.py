@@ -5,10 +5,11 @@ statistics with ``batch_norm_stats``, all-gathers them, combines them with
 ``batch_norm_gather_stats_with_counts`` and normalizes with
 ``batch_norm_elemt``; backward reduces with ``batch_norm_backward_reduce``,
 all-reduces, and finishes with ``batch_norm_backward_elemt``. These five ops
-exist for CUDA only (Note [npu follows CUDA where CPU differs] in
-csrc/cuda_semantics.cpp); here they are computed from their definitions,
-with CUDA's dtypes: statistics in the accumulation dtype (fp32 for fp16 /
-bf16 input), outputs in the input's dtype, weight gradients in the weight's.
+and ``batch_norm_gather_stats`` (every rank's count the same) exist for CUDA
+only (Note [npu follows CUDA where CPU differs] in csrc/cuda_semantics.cpp);
+here they are computed from their definitions, with CUDA's dtypes:
+statistics in the accumulation dtype (fp32 for fp16 / bf16 input), outputs
+in the input's dtype, weight gradients in the weight's.
 """
 
 from __future__ import annotations
@@ -69,6 +70,15 @@ def batch_norm_gather_stats_with_counts(inp: Tensor, mean: Tensor, invstd: Tenso
     return global_mean, _invstd(global_var, eps)
 
 
+def batch_norm_gather_stats(inp: Tensor, mean: Tensor, invstd: Tensor, running_mean: Tensor | None,
+                            running_var: Tensor | None, momentum: float, eps: float,
+                            count: int) -> tuple[Tensor, Tensor]:
+    """:func:`batch_norm_gather_stats_with_counts` where every rank counted ``count`` elements per
+    channel, as CUDA's kernel is."""
+    counts = torch.full((mean.size(0),), count, dtype=mean.dtype, device=mean.device)
+    return batch_norm_gather_stats_with_counts(inp, mean, invstd, running_mean, running_var, momentum, eps, counts)
+
+
 def batch_norm_elemt(inp: Tensor, weight: Tensor | None, bias: Tensor | None, mean: Tensor, invstd: Tensor,
                      eps: float) -> Tensor:
     """(input - mean) * invstd * weight + bias, per channel, in the input's dtype."""
@@ -121,6 +131,7 @@ def register() -> None:
         return
     _lib = torch.library.Library("aten", "IMPL")
     for name, fn in [("batch_norm_stats", batch_norm_stats),
+                     ("batch_norm_gather_stats", batch_norm_gather_stats),
                      ("batch_norm_gather_stats_with_counts", batch_norm_gather_stats_with_counts),
                      ("batch_norm_elemt", batch_norm_elemt),
                      ("batch_norm_backward_reduce", batch_norm_backward_reduce),

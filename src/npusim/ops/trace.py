@@ -6,10 +6,10 @@ Tests and benchmarks read which route each call took::
         torch._foreach_copy_(dsts, srcs)
     assert calls[0].groups[0].route == "fast"
 
-While a trace is active every call takes the Python routing, which builds the
-records, so a trace sees exactly the routes taken; the native kernel is told on
-entry and exit (See Note [Native _foreach_copy_ kernel] in csrc/foreach_copy.cpp).
-Without a trace no records are built: tracing costs nothing unless asked for.
+The kernel decides the routes (See Note [The _foreach_copy_ router] in
+csrc/aten/foreach_copy.cpp) and, while a trace is active, hands each call's
+groups to :func:`_record`, which builds the records. Without a trace no records
+are built: tracing costs nothing unless asked for.
 """
 
 from __future__ import annotations
@@ -55,7 +55,10 @@ def enabled() -> bool:
     return bool(_active)
 
 
-def emit(record: CallRecord) -> None:
+def _record(groups: list[tuple[Route, int, int, bool, torch.dtype | None]], non_blocking: bool,
+            legacy: bool) -> None:
+    """The kernel's trace sink: one call's groups, appended to every active trace."""
+    record = CallRecord(tuple(GroupRecord(*g) for g in groups), non_blocking, "legacy" if legacy else "aligned")
     for calls in _active:
         calls.append(record)
 
@@ -65,10 +68,11 @@ def trace_foreach_copy() -> Iterator[list[CallRecord]]:
     """Collects a ``CallRecord`` per ``_foreach_copy_`` call on the npu inside the block."""
     calls: list[CallRecord] = []
     _active.append(calls)
-    acl.set_foreach_copy_traced(True)
+    acl.set_foreach_copy_trace_sink(_record)
     try:
         yield calls
     finally:
         # By identity: two traces may hold equal lists.
         del _active[next(i for i, c in enumerate(_active) if c is calls)]
-        acl.set_foreach_copy_traced(bool(_active))
+        if not _active:
+            acl.set_foreach_copy_trace_sink(None)

@@ -97,6 +97,15 @@ host_memory_stats: Callable[[], dict[str, int]] = C.host_memory_stats
 set_timing_model: Callable[[float, float, float], None] = C.set_timing_model
 timing_model: Callable[[], tuple[float, float, float]] = C.timing_model
 
+
+def set_compute_cost(cost: Callable[[str, str, list[Any], list[Any]], float] | None) -> None:
+    """Installs the compute-cost hook fn(name, overload, meta_inputs, meta_outputs) -> us; None removes it.
+
+    Compute ops are not stream tasks in this core yet (issue 22), so there is nothing to time."""
+    if cost is not None:
+        raise RuntimeError("npusim timing model: compute=True needs compute ops to be stream tasks, "
+                           "which this device core does not make them yet")
+
 # ---- random numbers ---------------------------------------------------------
 
 # The device's default Philox generator (seed, offset) as a torch.Generator; the
@@ -111,43 +120,35 @@ graph_pool_handle: Callable[[], tuple[int, int]] = C.graph_pool_handle
 # (stream_id, device): True while a graph captures that stream.
 stream_is_capturing: Callable[[int, int], bool] = C.stream_is_capturing
 
-# ---- the op-plugin's primitives (aclnnForeachCopy, aclrtMemcpyBatch) --------
+# ---- the aten::_foreach_copy_ kernel and its router (csrc/aten/foreach_copy.h) ----
 
-# aclnnForeachCopy's SINGLE_FOREACH_OP_TENSOR_COUNT: pairs per device task.
+# aclnnForeachCopy's SINGLE_FOREACH_OP_TENSOR_COUNT: pairs per device task of the fast route.
 SINGLE_FOREACH_OP_TENSOR_COUNT: int = int(C.SINGLE_FOREACH_OP_TENSOR_COUNT)
-# The fast route's kernel: one task per chunk of SINGLE_FOREACH_OP_TENSOR_COUNT pairs on the current
-# stream, one version bump per destination; (dsts, srcs, wait, timeout_s) -> chunks. With wait (the
-# legacy kernel's blocking mode) it returns when the copies are done, else once they are enqueued.
-launch_foreach_copy: Callable[[TensorList, TensorList, bool, float], int] = C.launch_foreach_copy
-# aclrtMemcpyBatch: waits for the current stream (dsts, srcs, timeout_s), copies, bumps versions.
-memcpy_batch: Callable[[TensorList, TensorList, float], None] = C.memcpy_batch
-# One asynchronous task; pageable sources staged now in one block, a pageable destination waits.
-memcpy_batch_async: Callable[[TensorList, TensorList], None] = C.memcpy_batch_async
-# Whether every pair has the same byte layout (host_transfer.h: same_byte_layout).
-same_byte_layouts: Callable[[TensorList, TensorList], bool] = C.same_byte_layouts
-# The ScalarType bit mask of a set of dtypes: a profile's fast dtypes as the native kernel reads them.
-dtype_mask: Callable[[Sequence[torch.dtype]], int] = C.dtype_mask
-# PyTorch's own at::native::can_use_fast_route and check_foreach_api_restrictions.
-can_use_fast_route: Callable[[TensorList, TensorList], bool] = C.can_use_fast_route
-check_foreach_api_restrictions: Callable[[TensorList, TensorList], None] = C.check_foreach_api_restrictions
-
-# ---- the native aten::_foreach_copy_ kernel (csrc/foreach_copy.h) -----------
-
-# It takes the fast route itself and hands every other call to npusim::_foreach_copy_routed, deciding
-# from a mirror of the Python routing state that its owners push on each change.
-# See Note [Native _foreach_copy_ kernel] (csrc/foreach_copy.cpp).
+# The kernel decides every route (See Note [The _foreach_copy_ router]) from the routing fields of
+# the current profile, which runtime/profiles.py hands over when a profile becomes current:
+# (kernel, nd_out, batch, memcpy_batch, memcpy_batch_async, fast_dtypes, sync_timeout_s).
+# A task that only holds the current stream of a device for duration_us (device, duration_us).
+launch_delay: Callable[[int, float], None] = C.launch_delay
 register_foreach_copy_kernel: Callable[[], None] = C.register_foreach_copy_kernel
-# (foreach_copy_kernel, nd_out, fast dtype mask, sync_timeout_s) of the current profile.
-set_foreach_copy_profile: Callable[[bool, bool, int, float], None] = C.set_foreach_copy_profile
+set_foreach_copy_config: Callable[[bool, bool, bool, bool, bool, Sequence[torch.dtype], float], None] = (
+    C.set_foreach_copy_config)
+# Those fields as the kernel holds them (fast_dtypes in ScalarType order).
+foreach_copy_config: Callable[[], dict[str, Any]] = C.foreach_copy_config
+# The mode is the kernel's (True: legacy); ops/foreach_copy.py's get/set are its accessors.
 set_foreach_copy_legacy: Callable[[bool], None] = C.set_foreach_copy_legacy
-set_foreach_copy_traced: Callable[[bool], None] = C.set_foreach_copy_traced
-# The mirror as the kernel sees it: kernel, nd_out, fast_dtypes, sync_timeout_s, legacy, traced.
-foreach_copy_mirror: Callable[[], dict[str, Any]] = C.foreach_copy_mirror
-# Kernel calls so far: (fast route taken natively, handed to the Python routing).
-foreach_copy_counts: Callable[[], tuple[int, int]] = C.foreach_copy_counts
+foreach_copy_legacy: Callable[[], bool] = C.foreach_copy_legacy
+# Regression only: batch eligibility without npusim's per-pair correction.
+set_original_batch_eligibility: Callable[[bool], None] = C.set_original_batch_eligibility
+# sink(groups, non_blocking, legacy) after each call, groups as (route, pairs, chunks, non_blocking,
+# dtype or None); None removes it (ops/trace.py).
+set_foreach_copy_trace_sink: Callable[[Callable[[list[tuple[Any, ...]], bool, bool], None] | None], None] = (
+    C.set_foreach_copy_trace_sink)
+foreach_copy_traced: Callable[[], bool] = C.foreach_copy_traced
+# Dtype groups copied so far per route: {"fast": n, "batch": n, "slow": n, "compat": n}.
+foreach_copy_route_counts: Callable[[], dict[str, int]] = C.foreach_copy_route_counts
 
 
-# ---- observers (npusim.sanitizer; torch.profiler needs none, see csrc/trace.h) --
+# ---- observers (npusim.sanitizer; torch.profiler needs none: csrc/runtime/device_profiler.cpp)
 
 # fn(op, event_id, device, stream_id) after each event record / wait and host
 # synchronize, on the host thread that did it (op numbers: csrc/trace.h StreamOp); None removes it.
@@ -163,3 +164,17 @@ take_memory_events: Callable[[], list[tuple[int, int, int]]] = C.take_memory_eve
 def core_api_capsule() -> Any:
     """The versioned table of runtime entry points other extensions link against (core_api.h)."""
     return C.core_api()
+
+# ---- tensor backend metadata (Note [npu backend metadata] in csrc/aten/backend_meta.cpp) ----------
+
+# The named integer fields of an npu tensor; set replaces them all ({} removes them).
+get_backend_meta: Callable[[torch.Tensor], dict[str, int]] = C.get_backend_meta
+set_backend_meta: Callable[[torch.Tensor, dict[str, int]], None] = C.set_backend_meta
+
+# ---- sharing between processes (Note [Sharing npu tensors between processes] in csrc/aten/ipc.cpp) ----
+
+# The descriptor of the shared memory an npu tensor's storage lives in (moved there on first use;
+# the device is synchronized first).
+share_npu_storage: Callable[[torch.Tensor], int] = C.share_npu_storage
+# (descriptor, bytes, device): that shared memory as a 1-D uint8 npu tensor over all of it.
+open_shared_npu_storage: Callable[[int, int, int], torch.Tensor] = C.open_shared_npu_storage

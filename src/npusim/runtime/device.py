@@ -22,16 +22,23 @@ def is_available() -> bool:
 
 
 def is_initialized() -> bool:
-    # The device core is initialised when npusim is imported.
-    return True
+    """True: the device core is initialised when npusim is imported; False in a child forked after
+    npu use, which may not use it (as torch.cuda.is_initialized there)."""
+    return not acl.in_bad_fork()
 
 
 def init() -> None:
-    """Present for API parity with torch.cuda; the device is ready on import."""
+    """As torch.cuda.init: the device is ready on import, so this only checks that this process may
+    use it. In a child forked after the parent used the npu it raises, as CUDA does (Note [Fork
+    after npu use] in csrc/runtime/device.cpp)."""
+    if acl.in_bad_fork():
+        raise RuntimeError("Cannot re-initialize npu in forked subprocess. To use npu with multiprocessing, "
+                           "you must use the 'spawn' start method")
 
 
 def _lazy_init() -> None:
-    """Present for API parity with torch.cuda; the device is ready on import."""
+    """As torch.cuda._lazy_init; see :func:`init`."""
+    init()
 
 
 def current_device() -> int:
@@ -161,8 +168,33 @@ def utilization(device: _device_t = None) -> int:
 
 
 def get_amp_supported_dtype() -> list[torch.dtype]:
-    """The dtypes torch.autocast("npu") may cast to."""
-    return [torch.float16, torch.bfloat16]
+    """The dtypes torch.autocast("npu") may cast to; float32 as torch_npu lists it, so that
+    ``torch.autocast("npu", dtype=torch.float32)`` is honoured rather than disabled."""
+    return [torch.float16, torch.bfloat16, torch.float32]
+
+
+def get_arch_list() -> list[str]:
+    """The architectures the device code supports (torch.cuda: those it was compiled for): the SoC
+    the profile models, e.g. ``["Ascend910B2"]`` (npusim computes with PyTorch's CPU kernels)."""
+    from npusim.runtime.profiles import get_profile
+
+    return [get_profile().soc_name]
+
+
+def _sleep(cycles: int) -> None:
+    """A task on the current stream that takes ``cycles`` AI Core cycles (the profile's
+    ``clock_mhz``) and does nothing, as ``torch.cuda._sleep``: the host does not wait."""
+    from npusim.runtime.profiles import get_profile
+
+    if isinstance(cycles, bool) or not isinstance(cycles, int) or cycles < 0:
+        raise RuntimeError(f"torch.npu._sleep: expected a non-negative integer number of cycles, got {cycles!r}")
+    acl.launch_delay(acl.current_device(), cycles / get_profile().clock_mhz)
+
+
+def _lazy_call(callable: Any, **kwargs: Any) -> None:  # noqa: A002  (torch.cuda's name)
+    """Runs ``callable`` now: the device is initialised on import, so nothing is deferred
+    (torch.cuda queues it until initialisation)."""
+    callable()
 
 
 def is_bf16_supported(including_emulation: bool = True) -> bool:

@@ -23,7 +23,7 @@ from npusim.runtime.device import _device_t, _get_device_index
 
 __all__ = [
     "caching_allocator_alloc", "caching_allocator_delete", "empty_cache", "get_allocator_backend",
-    "get_per_process_memory_fraction", "host_memory_stats", "host_memory_stats_as_nested_dict",
+    "get_per_process_memory_fraction", "host_empty_cache", "host_memory_stats", "host_memory_stats_as_nested_dict",
     "max_memory_allocated", "max_memory_cached", "max_memory_reserved", "mem_get_info", "memory_allocated",
     "memory_cached", "memory_reserved", "memory_snapshot", "memory_stats", "memory_stats_as_nested_dict",
     "memory_summary", "reset_accumulated_memory_stats", "reset_max_memory_allocated", "reset_max_memory_cached",
@@ -107,6 +107,22 @@ def reset_max_memory_cached(device: _device_t = None) -> None:
 def empty_cache() -> None:
     """Returns cached blocks that no stream can still touch to the host."""
     acl.empty_cache()
+
+
+def host_empty_cache() -> None:
+    """Nothing to release: pinned host blocks are returned to the host when freed, never cached
+    (torch_npu: releases the pinned-memory cache)."""
+
+
+def _set_allocator_settings(settings: str) -> None:
+    """torch_npu's contract: only ``"expandable_segments:True"`` / ``"...:False"`` is accepted. As in
+    ``PYTORCH_NPU_ALLOC_CONF``, the key is accepted without effect (the simulated allocator has no
+    expandable segments); any other setting raises, naming the call."""
+    key, sep, value = settings.partition(":")
+    if key.strip() != "expandable_segments" or not sep:
+        raise RuntimeError(f"torch.npu.memory._set_allocator_settings: torch_npu accepts only "
+                           f"'expandable_segments:True' or 'expandable_segments:False', got {settings!r}")
+    config.parse_bool(value, "torch.npu.memory._set_allocator_settings: expandable_segments")
 
 
 def set_memory_capacity(nbytes: int | str | None, device: _device_t = None) -> None:

@@ -3,13 +3,14 @@
 npusim registers this module as ``torch.npu``; it offers what PyTorch asks
 of an accelerator's device module (devices, streams, events, memory, RNG,
 AMP) under the names torch.cuda and torch_npu use, with the submodules
-``amp``, ``memory``, ``random`` and ``streams``. The names it shares with
+``amp``, ``graphs``, ``memory``, ``random``, ``streams`` and ``utils`` (importable as
+``torch.npu.<name>``). The names it shares with
 torch_npu and torch.cuda are listed in ``runtime/parity.py``.
 """
 
 import torch
 
-from npusim.runtime import amp, memory, random, streams  # noqa: F401  (torch.npu.<submodule>)
+from npusim.runtime import amp, graphs, memory, random, streams, utils  # noqa: F401  (torch.npu.<submodule>)
 from npusim.runtime.compat import (
     config,
     conv,
@@ -24,14 +25,17 @@ from npusim.runtime.compat import (
 )
 from npusim.runtime.device import (
     _get_device_index,
+    _lazy_call,
     _lazy_init,
     _NPUDeviceProperties,
+    _sleep,
     can_device_access_peer,
     current_device,
     device,
     device_count,
     device_of,
     get_amp_supported_dtype,
+    get_arch_list,
     get_device_capability,
     get_device_name,
     get_device_properties,
@@ -64,6 +68,7 @@ from npusim.runtime.memory import (
     empty_cache,
     get_allocator_backend,
     get_per_process_memory_fraction,
+    host_empty_cache,
     host_memory_stats,
     host_memory_stats_as_nested_dict,
     max_memory_allocated,
@@ -109,26 +114,30 @@ from npusim.runtime.streams import (
     synchronize_stream,
 )
 
+# The submodules `import torch.npu.<name>` finds (torch_npu's torch.npu is a package).
+SUBMODULES = ("amp", "graphs", "memory", "random", "streams", "utils")
+
 # As torch.cuda.default_generators: one per device, fixed once npusim is imported.
 default_generators: tuple[torch.Generator, ...] = _default_generators()
 
 __all__ = [
-    "_dump_snapshot", "_get_device_index", "_is_in_bad_fork", "_lazy_init", "_NPUDeviceProperties",
+    "_dump_snapshot", "_get_device_index", "_is_in_bad_fork", "_lazy_call", "_lazy_init", "_NPUDeviceProperties",
+    "_sleep",
     "_record_memory_history", "_snapshot", "amp", "caching_allocator_alloc", "caching_allocator_delete",
     "can_device_access_peer", "config", "conv", "current_device", "current_stream", "default_generator",
     "default_generators", "default_stream", "device", "device_count", "device_of", "empty_cache", "Event",
-    "get_allocator_backend", "get_amp_supported_dtype", "get_autocast_dtype", "get_device_capability",
-    "get_device_name", "get_device_properties", "get_per_process_memory_fraction", "get_rng_state",
-    "get_rng_state_all", "get_sync_debug_mode", "graph", "graph_pool_handle", "host_memory_stats",
-    "host_memory_stats_as_nested_dict", "init", "initial_seed", "ipc_collect", "is_autocast_enabled",
-    "is_available", "is_bf16_supported", "is_current_stream_capturing", "is_initialized",
-    "is_jit_compile_false", "make_graphed_callables", "manual_seed", "manual_seed_all", "matmul",
-    "max_memory_allocated", "max_memory_cached", "max_memory_reserved", "mem_get_info", "memory",
-    "memory_allocated", "memory_cached", "memory_reserved", "memory_snapshot", "memory_stats",
-    "memory_stats_as_nested_dict", "memory_summary", "NPUGraph", "random", "reset_accumulated_memory_stats",
-    "reset_max_memory_allocated", "reset_max_memory_cached", "reset_peak_memory_stats", "seed", "seed_all",
-    "set_autocast_dtype", "set_autocast_enabled", "set_compile_mode", "set_device", "set_memory_capacity",
-    "set_option", "set_per_process_memory_fraction", "set_rng_state", "set_rng_state_all", "set_stream",
-    "set_sync_debug_mode", "Stream", "stream", "StreamContext", "streams", "synchronize", "synchronize_stream",
-    "utilization", *_legacy_names,
+    "get_allocator_backend", "get_amp_supported_dtype", "get_arch_list", "get_autocast_dtype",
+    "get_device_capability", "get_device_name", "get_device_properties", "get_per_process_memory_fraction",
+    "get_rng_state", "get_rng_state_all", "get_sync_debug_mode", "graph", "graph_pool_handle", "graphs",
+    "host_empty_cache", "host_memory_stats", "host_memory_stats_as_nested_dict", "init", "initial_seed",
+    "ipc_collect", "is_autocast_enabled", "is_available", "is_bf16_supported", "is_current_stream_capturing",
+    "is_initialized", "is_jit_compile_false", "make_graphed_callables", "manual_seed", "manual_seed_all", "matmul",
+    "max_memory_allocated", "max_memory_cached", "max_memory_reserved", "mem_get_info", "memory", "memory_allocated",
+    "memory_cached", "memory_reserved", "memory_snapshot", "memory_stats", "memory_stats_as_nested_dict",
+    "memory_summary", "NPUGraph", "random", "reset_accumulated_memory_stats", "reset_max_memory_allocated",
+    "reset_max_memory_cached", "reset_peak_memory_stats", "seed", "seed_all", "set_autocast_dtype",
+    "set_autocast_enabled", "set_compile_mode", "set_device", "set_memory_capacity", "set_option",
+    "set_per_process_memory_fraction", "set_rng_state", "set_rng_state_all", "set_stream", "set_sync_debug_mode",
+    "Stream", "stream", "StreamContext", "streams", "synchronize", "synchronize_stream", "utilization", "utils",
+    *_legacy_names,
 ]

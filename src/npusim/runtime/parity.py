@@ -31,11 +31,6 @@ SHARED_WITH_CUDA: tuple[str, ...] = (
     "synchronize", "use_mem_pool", "utilization",
 )
 
-# Built in parallel by the NPU graphs work (torch.npu.NPUGraph and friends).
-PROVIDED_BY_GRAPHS_MODULE: tuple[str, ...] = (
-    "graph", "graph_pool_handle", "graphs", "is_current_stream_capturing", "make_graphed_callables",
-)
-
 NOT_APPLICABLE: dict[str, str] = {
     "MemPool": "private memory pools (CUDA-graph pools, custom allocators) are not simulated; every "
                "allocation comes from the device's one caching pool",
@@ -49,4 +44,76 @@ NOT_APPLICABLE: dict[str, str] = {
     "reset_accumulated_host_memory_stats": "pinned host memory is not cached; host_memory_stats counts live "
                                            "pinned bytes and allocations, with no resettable history",
     "reset_peak_host_memory_stats": "see reset_accumulated_host_memory_stats",
+}
+
+# What frameworks written for torch_npu touch inside it, beyond the names above. Read from
+# accelerate (src/accelerate: utils/imports.py, state.py, utils/modeling.py), transformers
+# (utils/import_utils.py, trainer*.py, integrations/npu_flash_attention.py), DeepSpeed
+# (accelerator/real_accelerator.py, npu_accelerator.py), MindSpeed (mindspeed/core, functional),
+# torchtitan-npu (torchtitan_npu/train.py, converters, patches) and the helpers torch_npu's and
+# op-plugin's test files import. Each name is a dotted path under npusim run; tests/test_torch_npu_compat.py
+# resolves every one.
+FRAMEWORK_PROVIDED: dict[str, str] = {
+    "torch_npu": "importlib.util.find_spec / import: accelerate's is_npu_available, transformers' "
+                 "is_torch_npu_available, DeepSpeed's accelerator detection",
+    "torch_npu.__version__": "2.13.0, the torch_npu release of torch 2.13 (MindSpeed, version checks)",
+    "torch_npu.npu": "torch.npu (every framework)",
+    "torch_npu.npu.amp.GradScaler": "torch_npu's scaler rule (accelerate's get_grad_scaler)",
+    "torch_npu.npu.graphs": "torch.npu.graphs, npusim's NPU graphs",
+    "torch_npu.npu.utils._get_device_index": "torch_npu's device-index helper",
+    "torch_npu.npu.utils.get_cann_version": "the profile's CANN version (torch_npu's test helpers)",
+    "torch_npu.npu.utils._is_gte_cann_version": "compares with the profile's CANN version",
+    "torch_npu.npu._lazy_call": "runs the callable now (MindSpeed's tensor_parallel.random, DeepSpeed)",
+    "torch_npu.utils.get_cann_version": "the profile's CANN version",
+    "torch_npu.utils.collect_env.get_cann_version": "the profile's CANN version (MindSpeed's MoE dispatchers)",
+    "torch_npu._C._distributed_c10d.ProcessGroupHCCL": "the class of npusim's hccl backend",
+    "torch_npu._C._distributed_c10d.ProcessGroupHCCL.Options": "backend options the hccl backend takes "
+        "(torchtitan-npu's expert-parallel mesh, MindSpeed's hccl_config buffers); Note [hccl options]",
+    "torch_npu._C._npu_getCurrentRawStream": "the current stream's id (torch_npu's inductor and dynamo code)",
+    "torch_npu._C._npu_sleep": "torch.npu._sleep",
+    "torch_npu._inductor": "imports dynamo and inductor, so npusim's inductor backend is registered "
+                           "(torchtitan-npu's compile path)",
+    "torch_npu.contrib.transfer_to_npu": "torch.cuda names torch.npu (MindSpeed's megatron adaptor)",
+    "torch_npu.testing.testcase.TestCase": "torch_npu's test case (op-plugin's and torch_npu's test files)",
+    "torch_npu.testing.testcase.run_tests": "unittest.main",
+    "torch_npu.testing.common_utils.SupportedDevices": "skips unless the simulated SoC is listed",
+    "torch_npu.testing.common_utils.SkipIfNotGteCANNVersion": "skips below the profile's CANN version",
+    "torch_npu.testing.common_utils.create_common_tensor": "CPU and npu inputs from NumPy",
+    "torch_npu.testing.common_utils.freeze_rng_state": "restores the CPU and npu generators",
+    "torch_npu.testing.common_utils._create_scaling_case": "torch_npu's GradScaler test case",
+    "torch_npu.testing.common_utils._create_scaling_models_optimizers": "torch_npu's GradScaler test models",
+    "torch_npu.testing.common_distributed.skipIfUnsupportMultiNPU": "skips without enough simulated npus",
+    "torch_npu.testing.common_distributed.with_comms": "an hccl (or gloo) group around a test",
+    "torch_npu.testing.decorator.instantiate_tests": "dtype / format parametrisation",
+    "torch_npu.testing._internal.common_fsdp.FSDPNPUTest": "PyTorch's FSDPTest on npu over hccl",
+    "torch.backends.npu.matmul": "PyTorch's global matmul flags (allow_tf32 follows set_float32_matmul_precision)",
+    "torch.npu.host_empty_cache": "nothing to release: pinned blocks are not cached",
+    "torch.npu.get_arch_list": "the simulated SoC",
+    "torch.npu._sleep": "a delay task on the current stream (the profile's clock_mhz)",
+    "torch.npu.memory._set_allocator_settings": "torch_npu's contract: expandable_segments only, no effect",
+    "torch.npu.default_generators": "one Philox generator per device (DeepSpeed's accelerator)",
+    "torch.npu.set_option": "stored (MindSpeed)",
+}
+
+FRAMEWORK_REFUSED: dict[str, str] = {
+    "torch_npu.npu_fusion_attention": "op-plugin fused operator: provided only once npusim.ops.fused simulates it "
+                                      "(transformers' NPU flash attention, torchtitan-npu)",
+    "torch_npu.npu_quant_matmul": "quantized matmul: no quantized kernels (torchtitan-npu, MindSpeed)",
+    "torch_npu.npu_dynamic_mx_quant": "MX quantization: no such kernels (torchtitan-npu)",
+    "torch_npu.hifloat8": "a CANN-only dtype; PyTorch has no such dtype to simulate it with (MindSpeed, "
+                          "torchtitan-npu)",
+    "torch_npu.float8_e8m0fnu": "torch_npu's own dtype object for CANN kernels (MindSpeed, torchtitan-npu)",
+    "torch_npu.custom_shardings": "DTensor strategies of torch_npu's fused operators (torchtitan-npu)",
+    "torch_npu.empty_with_swapped_memory": "host-swapped device memory is not simulated (MindSpeed)",
+    "torch_npu.profiler": "torch_npu's profiler; npusim's device tasks are in torch.profiler (torchtitan-npu, "
+                          "MindSpeed)",
+    "torch_npu.optim": "torch_npu's fused optimizers (transformers' NpuFusedAdamW)",
+    "torch_npu.dynamo": "torch_npu's graph-engine compile backends",
+    "torch_npu.distributed": "torch_npu.distributed's extensions (ParallelStore, uneven collectives)",
+    "torch_npu.op_plugin": "op-plugin's meta registrations are npusim.ops.fused's (torchtitan-npu's entry)",
+    "torch_npu.asd": "silent-data-corruption detection (MindSpeed's register_asd_hook)",
+    "torch_npu.utils.flops_count": "torch_npu's FLOP counter (MindSpeed)",
+    "torch_npu._inductor.lowering": "triton-ascend lowerings (torchtitan-npu's bypass_triton_codegen)",
+    "torch_npu._C._npu_getCurrentRawStreamNoWait": "an optional fast path torch_npu's inductor probes for",
+    "torch_npu._C._distributed_c10d.ProcessGroupLCCL": "torch_npu's LCCL backend",
 }

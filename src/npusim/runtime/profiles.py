@@ -13,7 +13,6 @@ and override single flags, through the API or the environment::
 from __future__ import annotations
 
 import dataclasses
-import functools
 from collections.abc import Iterator
 from contextlib import contextmanager
 
@@ -48,18 +47,21 @@ class Profile:
     cube_core_num: int = 24
     vector_core_num: int = 48
     l2_cache_size: int = 192 * MIB
+    # The CANN release the profile models (torch_npu.npu.utils.get_cann_version); 9.1.0 pairs with
+    # the torch_npu releases of torch 2.12 onwards. old_cann models one before 8.1.RC1.
+    cann_version: str = "9.1.0"
+    # The chip's clock and rates: torch.npu._sleep(cycles) holds the stream for cycles / clock_mhz
+    # microseconds; the timing model's compute cost reads the rest (Note [Chip figures]).
+    clock_mhz: float = 1800.0  # AI Core clock
+    cube_tflops: float = 353.9  # float16 / bfloat16 matmul on the cube units
+    cube_fp32_tflops: float = 176.9
+    vector_tflops: float = 22.1  # 16-bit elementwise on the vector units
+    vector_fp32_tflops: float = 11.1
+    hbm_gbps: float = 1843.2  # device memory bandwidth, GB/s
 
     @property
     def fast_dtypes(self) -> frozenset[torch.dtype]:
         return _BASE_FAST_DTYPES | _CANN_810_DTYPES if self.cann_ge_810rc1 else _BASE_FAST_DTYPES
-
-    @functools.cached_property
-    def fast_dtype_mask(self) -> int:
-        """``fast_dtypes`` as the bit mask the native kernel takes (computed once per profile)."""
-        return acl.dtype_mask(sorted(self.fast_dtypes, key=str))
-
-    def memcpy_batch_available(self, non_blocking: bool) -> bool:
-        return self.memcpy_batch_async if non_blocking else self.memcpy_batch
 
     def replace(self, **overrides: object) -> Profile:
         unknown = set(overrides) - {f.name for f in dataclasses.fields(self)}
@@ -68,6 +70,35 @@ class Profile:
                              f"expected some of {FLAGS}")
         return dataclasses.replace(self, **overrides)
 
+
+# Note [Chip figures]
+# ~~~~~~~~~~~~~~~~~~~~
+# The timing model's compute cost (runtime/cost_model.py) needs each chip's peak rates. Public
+# figures for the Ascend 910B disagree: FP16 256 TFLOPS (jishuzhan.net, which also gives FP32 128
+# TFLOPS and 768 GB/s; 256 is the 2019 Ascend 910's launch figure, 32 cores), 280 TFLOPS
+# (ai.gitee.com), 320 TFLOPS (boardor.com and borimooc.com, with "400 GB/s"), about 400 per die
+# for the 910C, two 910B dies at 780-800 TFLOPS (dzcnc.com, besthub.dev); memory bandwidth 400
+# GB/s, 768 GB/s, 1.2 TB/s (oryoy.com, for a 32 GB part). None names the 910B2 variant, whose
+# core count the profile already carries (24 cube cores, 48 vector cores, from torch_npu's
+# get_device_properties), and no page in reach gives its AI Core clock; the profile takes 1.8 GHz.
+# So the rates are taken from the Da Vinci core's published structure at the profile's own core
+# counts and clock, which places them inside the published range:
+# - cube: 4096 float16 multiply-adds per AI Core per cycle (Huawei at Hot Chips 2019, reported
+#   by elecfans.com and vengineer.hatenablog.com: "Cube: 4096 (16^3) FP16 MACs + 8192 INT8 MACs"):
+#   24 cores x 8192 FLOP x 1.8 GHz = 353.9 TFLOPS float16 / bfloat16; int8 twice that; float32
+#   half of it, the FP32:FP16 ratio of the one source that lists both (jishuzhan.net).
+# - vector: a 2048-bit vector unit per vector core (same talk): 128 float16 lanes, a fused
+#   multiply-add each, 48 x 256 FLOP x 1.8 GHz = 22.1 TFLOPS, 11.1 for float32.
+# - memory: four HBM2E stacks (the package photos, lschixin.cn / vengineer) at the 3.6 Gbit/s
+#   pin rate reported for them, 4 x 1024 bit x 3.6 Gbit/s = 1843.2 GB/s. The 400 and 768 GB/s
+#   figures are below what four HBM2E stacks give at any speed grade, so they were not taken.
+# The Ascend 310P3 (Atlas 300I Pro) is simpler: the Atlas 300I Duo, two 310P chips, is given as
+# 280 TOPS INT8 and 408 GB/s over 96 GB LPDDR4X (avalanchenoticias.com.br, from Gamers Nexus and
+# ComputerBase), so one chip is 140 TOPS INT8, 70 TFLOPS float16 (the cube's INT8:FP16 ratio of
+# 2) and 204 GB/s. Its clock is what 8 AI Cores x 8192 FLOP need for 70 TFLOPS: 1068 MHz. Its
+# vector units are the 8 AI Cores' own and the 7 vector cores': 15 x 256 FLOP x 1.068 GHz = 4.1
+# TFLOPS (2.05 float32). Elementwise ops are bound by memory on both chips long before they are
+# by the vector units, so the vector figures rarely decide a duration.
 
 FLAGS = ("nd_out", "batch", "memcpy_batch", "memcpy_batch_async", "cann_ge_810rc1",
          "foreach_copy_kernel")
@@ -78,8 +109,9 @@ PRESETS: dict[str, Profile] = {
         Profile("training_soc"),
         # An Atlas 300I Pro card: no ND foreach kernel, no batched memcpy.
         Profile("inference_soc", nd_out=False, batch=False, soc_name="Ascend310P3", total_memory=24 * GIB,
-                cube_core_num=8, vector_core_num=7, l2_cache_size=96 * MIB),
-        Profile("old_cann", cann_ge_810rc1=False),
+                cube_core_num=8, vector_core_num=7, l2_cache_size=96 * MIB, clock_mhz=1068.0, cube_tflops=70.0,
+                cube_fp32_tflops=35.0, vector_tflops=4.1, vector_fp32_tflops=2.05, hbm_gbps=204.0),
+        Profile("old_cann", cann_ge_810rc1=False, cann_version="8.0.RC3"),
         Profile("no_memcpy_batch", memcpy_batch=False, memcpy_batch_async=False),
         Profile("no_foreach_kernel", foreach_copy_kernel=False),
     )
@@ -114,12 +146,13 @@ def _from_env() -> Profile:
 
 
 def _activate(profile: Profile) -> Profile:
-    """Makes ``profile`` current; the only place ``_current`` changes, so the native
-    ``_foreach_copy_`` kernel's mirror of it never goes stale
-    (See Note [Native _foreach_copy_ kernel] in csrc/foreach_copy.cpp)."""
+    """Makes ``profile`` current; the only place ``_current`` changes. The ``_foreach_copy_``
+    kernel routes by the profile's flags, which it is handed here and which nothing in Python
+    routes by (See Note [The _foreach_copy_ router] in csrc/aten/foreach_copy.cpp)."""
     global _current
-    acl.set_foreach_copy_profile(profile.foreach_copy_kernel, profile.nd_out, profile.fast_dtype_mask,
-                                 profile.sync_timeout_s)
+    acl.set_foreach_copy_config(profile.foreach_copy_kernel, profile.nd_out, profile.batch, profile.memcpy_batch,
+                                profile.memcpy_batch_async, sorted(profile.fast_dtypes, key=str),
+                                profile.sync_timeout_s)
     _current = profile
     return profile
 

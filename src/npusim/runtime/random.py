@@ -88,6 +88,6 @@ def _is_in_bad_fork() -> bool:
     """True in a child forked after the npu was used, where device calls raise.
 
     torch.random asks this before seeding, and skips the npu there. See
-    Note [Fork after npu use] in csrc/runtime.cpp.
+    Note [Fork after npu use] in csrc/runtime/device.cpp.
     """
     return acl.in_bad_fork()

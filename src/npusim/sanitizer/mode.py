@@ -31,6 +31,20 @@ _NO_ACCESS = {aten.empty.memory_format, aten.empty_strided.default, aten.empty_l
 
 
 _FACTORIES = {aten.empty.memory_format, aten.empty_strided.default, aten.empty_like.default}
+# Copies into a fresh result (``.to``, ``.npu()``, ``.cpu()``, functionalized copies): each follows the
+# copy rules of copy_ with the result as its destination. See Note [Copies into a fresh result].
+_COPIES_TO_FRESH = {aten._to_copy.default, aten.copy.default, aten._foreach_copy.default}
+
+# Note [Copies into a fresh result]
+# ``h.to("npu", non_blocking=True)`` reaches the dispatch mode as one
+# ``_to_copy``: the empty destination and the ``copy_`` into it happen below
+# the mode, unseen. Read as a generic op it would be a host op reading ``h``
+# with a fresh npu output, which misses what matters: with a pinned ``h`` the
+# stream reads ``h`` later, so a host write to ``h`` before the stream got
+# there is the PINNED race (and a non-blocking device-to-host ``.to`` writes
+# its pinned result later, so reading it early is a HOST race). So these ops
+# are recorded as ``copy_`` into their result, after they ran: the result is a
+# fresh block of the stream current at the call, then the copy's accesses.
 
 
 def _stack() -> traceback.StackSummary:
@@ -99,6 +113,17 @@ class SanitizerMode(TorchDispatchMode):
             return out
         stack = _stack()
         name = func._schema.name
+        if func in _COPIES_TO_FRESH:
+            out = func(*args, **kwargs)
+            with state.lock:
+                self.drain()  # the result's allocation comes first
+                non_blocking = bool(kwargs.get("non_blocking", args[2] if len(args) > 2 else False))
+                sources = args[0] if func is aten._to_copy.default else args[1]
+                for dst, src in zip(_tensors(out), _tensors(sources), strict=False):
+                    _fresh(state, dst)
+                    _copy(state, dst, src, non_blocking, name, stack)
+            self.after_op()
+            return out
         written: set[int] = set()
         with state.lock:
             self.drain()
@@ -178,6 +203,16 @@ def _outputs(state: State, out: Any, written: set[int], name: str, stack: traceb
             continue  # an alias of an input (already recorded)
         seq, clock = state.clocks.issue(s)
         state.stream_access(span, s, seq, clock, True, name, stack, alloc=True)
+
+
+def _fresh(state: State, t: torch.Tensor) -> None:
+    """``t`` is a new npu block, allocated on the stream current at the call (host memory is
+    tracked only once a stream touches it)."""
+    if t.device.type != "npu":
+        return
+    span = span_of(t)
+    if span is not None:
+        state.allocated(span.storage, current(t.device.index))
 
 
 def _host_read(state: State, t: torch.Tensor, name: str, stack: traceback.StackSummary) -> None:

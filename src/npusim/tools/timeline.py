@@ -1,15 +1,18 @@
 """``python -m npusim timeline``: one FSDP2 step per kernel mode as a stream timeline picture.
 
-Two ranks train a TinyTransformer with PyTorch's own ``fully_shard`` under the
-timing model. Rank 0 profiles one step with ``torch.profiler`` for each of the
-aligned kernel, the legacy kernel, and the legacy kernel with the historical
-patch, and writes each Chrome trace (``timeline-<config>.json``); the device
-tasks are there as ranges on one thread per npu stream (see Note [Device tasks
-in torch.profiler]). The picture (``timeline.png``) draws, per configuration,
-one lane per stream (compute = default stream, all-gather copy-in, all-gather,
-reduce-scatter, and the collectives' comm stream) and the host lane with the
-time the host spends in the ``_foreach_copy_`` routes: in legacy mode the
-host waits there for the copy, which the alignment removes.
+Two ranks train a TinyTransformer with PyTorch's own ``fully_shard`` under the timing model, with
+compute tasks lasting their ops' modelled time on the profile's chip (the Ascend910B2 of
+``training_soc`` by default; Note [Compute cost model]). Rank 0 profiles one step for each of the
+aligned kernel, the legacy kernel, and the legacy kernel with the historical patch, and writes each
+Chrome trace (``timeline-<config>.json``), where every device task is an activity on its stream's
+row (Note [Device tasks in torch.profiler]). The picture (``timeline.png``) draws, per
+configuration, one lane per stream of device 0: compute (the default stream; forward, backward
+and optimizer work coloured apart by the op that launched it), FSDP2's all-gather copy-in,
+all-gather and reduce-scatter streams, the collectives' row, and the host lane with the time the
+host spends in the ``_foreach_copy_`` routes (in legacy mode it waits there for the copy, which
+the alignment removes). ``timeline-summary.json`` holds, per configuration, the step time, the
+host time in ``_foreach_copy_`` and the exposed communication time: collective time during which
+the compute stream is idle.
 """
 
 from __future__ import annotations
@@ -18,21 +21,30 @@ import argparse
 import json
 from contextlib import ExitStack
 from pathlib import Path
-from typing import Any
+from typing import Any, NamedTuple
 
 import torch
 
+from npusim.runtime.profiles import make_profile
 from npusim.testing.ranks import run_ranks
 
 CONFIGS = ("aligned", "legacy", "legacy + patch")
+DEVICE_CATEGORIES = ("kernel", "gpu_memcpy")  # device work; syncs (event records, waits) are not drawn
+COLLECTIVES_ROW = 17  # the row after a device's 17 streams (csrc/runtime/trace.h: kCommLane)
+HOST, COMPUTE, COLLECTIVES = "host: _foreach_copy_", "compute (default stream)", "collectives"
+PHASE_COLORS = {"forward": "tab:blue", "backward": "navy", "optimizer": "tab:gray"}
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--out", default="bench-out", help="directory for timeline.png and the traces")
     parser.add_argument("--dim", type=int, default=256)
     parser.add_argument("--blocks", type=int, default=3)
+    parser.add_argument("--profile", default="training_soc", help="the chip whose compute cost the model uses")
     parser.add_argument("--copy-gbps", type=float, default=1.0, help="timing model: device copy bandwidth")
     parser.add_argument("--link-gbps", type=float, default=2.0, help="timing model: collective link bandwidth")
+    parser.add_argument("--launch-us", type=float, default=10.0, help="timing model: latency of each task")
+    parser.add_argument("--no-compute", dest="compute", action="store_false",
+                        help="compute tasks take their host time, not the chip's modelled time")
     parser.add_argument("--timeout", type=float, default=240.0)
 
 
@@ -44,14 +56,15 @@ def _job(rank: int, world: int, args: argparse.Namespace, out: str) -> dict[str,
     from npusim.distributed.historical_patch import historical_patch
     from npusim.testing.fsdp_harness import sharded_step
 
+    npusim.set_profile(args.profile)
     model, step = sharded_step(rank, args.dim, args.blocks)
-
-    with npusim.timing.model(copy_gbps=args.copy_gbps, link_gbps=args.link_gbps):
+    with npusim.timing.model(copy_gbps=args.copy_gbps, launch_us=args.launch_us, link_gbps=args.link_gbps,
+                             compute=args.compute):
         step()  # warm-up: lazy initialization (FSDP2 creates its streams) out of the picture
         comm = model._get_fsdp_state()._comm_ctx
-        lanes = {"compute": 0, "all-gather copy-in": comm.all_gather_copy_in_stream.stream_id,
-                 "all-gather": comm.all_gather_stream.stream_id,
-                 "reduce-scatter": comm.reduce_scatter_stream.stream_id}
+        streams = {COMPUTE: 0, "all-gather copy-in": comm.all_gather_copy_in_stream.stream_id,
+                   "all-gather": comm.all_gather_stream.stream_id,
+                   "reduce-scatter": comm.reduce_scatter_stream.stream_id}
         for config in CONFIGS:
             with ExitStack() as stack:
                 if config != "aligned":
@@ -64,74 +77,141 @@ def _job(rank: int, world: int, args: argparse.Namespace, out: str) -> dict[str,
                     step()
             if rank == 0:
                 prof.export_chrome_trace(str(Path(out) / f"timeline-{config.replace(' + ', '+')}.json"))
+    return streams
+
+
+class Bar(NamedTuple):
+    start_us: float
+    duration_us: float
+    name: str
+    phase: str = ""  # compute bars: forward, backward or optimizer
+
+
+def _phases(trace: list[dict[str, Any]]) -> dict[int, str]:
+    """Correlation id -> phase of the CPU op with that id: backward on autograd's thread, optimizer
+    inside an ``Optimizer.step`` range, forward otherwise."""
+    ops = [e for e in trace if e.get("ph") == "X" and e.get("cat") == "cpu_op"]
+    if not ops:
+        return {}
+    main = min(ops, key=lambda e: e["ts"])["tid"]
+    steps = [(e["ts"], e["ts"] + e["dur"]) for e in trace
+             if e.get("ph") == "X" and str(e.get("name", "")).startswith("Optimizer.step")]
+    phases = {}
+    for e in ops:
+        if e["tid"] != main:
+            phase = "backward"
+        elif any(start <= e["ts"] <= end for start, end in steps):
+            phase = "optimizer"
+        else:
+            phase = "forward"
+        phases[e["args"].get("External id", -1)] = phase
+    return phases
+
+
+def lanes_of(trace: list[dict[str, Any]], streams: dict[str, int]) -> dict[str, list[Bar]]:
+    """The bars of device 0's streams, its collectives row and the host's ``_foreach_copy_`` ranges,
+    in microseconds from the trace's first event."""
+    by_row = {sid: lane for lane, sid in streams.items()}
+    by_row[COLLECTIVES_ROW] = COLLECTIVES
+    lanes: dict[str, list[Bar]] = {HOST: [], **{lane: [] for lane in streams}, COLLECTIVES: []}
+    spans = [e for e in trace if e.get("ph") == "X"]
+    if not spans:
+        return lanes
+    origin = min(e["ts"] for e in spans)
+    phases = _phases(trace)
+    for e in spans:
+        start = e["ts"] - origin
+        if e.get("cat") in DEVICE_CATEGORIES and e.get("pid") == 0 and e.get("tid") in by_row:
+            lane = by_row[e["tid"]]
+            phase = phases.get(e["args"].get("External id", -1), "forward") if lane == COMPUTE else ""
+            lanes[lane].append(Bar(start, e["dur"], e["name"], phase))
+        elif str(e.get("name", "")).startswith("npusim::foreach_copy["):
+            lanes[HOST].append(Bar(start, e["dur"], e["name"]))
     return lanes
 
 
-Bars = dict[str, list[tuple[float, float, str]]]
+def _union(bars: list[Bar]) -> list[tuple[float, float]]:
+    merged: list[tuple[float, float]] = []
+    for start, end in sorted((b.start_us, b.start_us + b.duration_us) for b in bars):
+        if merged and start <= merged[-1][1]:
+            merged[-1] = (merged[-1][0], max(merged[-1][1], end))
+        else:
+            merged.append((start, end))
+    return merged
 
 
-def _lanes_of(trace: list[dict[str, Any]], stream_lanes: dict[str, int]) -> tuple[Bars, float]:
-    """Bars (start us, duration us, name) per lane, and the time origin."""
-    names: dict[int, str] = {}
-    for e in trace:
-        if e.get("ph") == "M" and e.get("name") == "thread_name":
-            names[e["tid"]] = e["args"]["name"]
-    by_stream = {f"npu0 stream {sid})": lane for lane, sid in stream_lanes.items()}
-    lanes: Bars = {"host: _foreach_copy_": []}
-    lanes.update({lane: [] for lane in stream_lanes})
-    lanes["comm stream (collectives)"] = []
-    spans = [e for e in trace if e.get("ph") == "X"]
-    origin = min(e["ts"] for e in spans)
-    for e in spans:
-        row = names.get(e["tid"], "")
-        bar = (e["ts"] - origin, e["dur"], e["name"])
-        lane = next((name for key, name in by_stream.items() if row.endswith(key)), None)
-        if lane is not None and ": " in e["name"] and not e["name"].endswith(("event_record", "wait_event")):
-            lanes[lane].append(bar)
-        elif e["name"].startswith("hccl "):
-            lanes["comm stream (collectives)"].append(bar)
-        elif e["name"].startswith("npusim::foreach_copy["):
-            lanes["host: _foreach_copy_"].append(bar)
-    return lanes, origin
+def exposed_us(busy: list[Bar], cover: list[Bar]) -> float:
+    """Time within ``busy`` bars not covered by any ``cover`` bar."""
+    covered = _union(cover)
+    total = 0.0
+    for start, end in _union(busy):
+        total += end - start
+        for c_start, c_end in covered:
+            total -= max(0.0, min(end, c_end) - max(start, c_start))
+    return total
 
 
-def _plot(out: Path, traces: dict[str, list[dict[str, Any]]], stream_lanes: dict[str, int]) -> Path:
+def summarize(lanes: dict[str, list[Bar]]) -> dict[str, float]:
+    """Step, host-in-_foreach_copy_, compute and exposed communication times of one trace, in ms."""
+    end = max((b.start_us + b.duration_us for bars in lanes.values() for b in bars), default=0.0)
+    return {
+        "step_ms": end / 1e3,
+        "host_in_foreach_copy_ms": sum(b.duration_us for b in lanes[HOST]) / 1e3,
+        "compute_ms": sum(e - s for s, e in _union(lanes[COMPUTE])) / 1e3,
+        "collectives_ms": sum(e - s for s, e in _union(lanes[COLLECTIVES])) / 1e3,
+        "exposed_communication_ms": exposed_us(lanes[COLLECTIVES], lanes[COMPUTE]) / 1e3,
+    }
+
+
+def _plot(out: Path, lanes_by_config: dict[str, dict[str, list[Bar]]], title: str) -> Path:
     import matplotlib
 
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
+    from matplotlib.patches import Patch
 
-    fig, axes = plt.subplots(len(traces), 1, figsize=(13, 2.2 * len(traces) + 0.8), sharex=True)
-    colors = {"host: _foreach_copy_": "tab:red", "compute": "tab:blue", "all-gather copy-in": "tab:orange",
-              "all-gather": "tab:green", "reduce-scatter": "tab:purple", "comm stream (collectives)": "tab:olive"}
-    for ax, (config, trace) in zip(axes, traces.items(), strict=True):
-        lanes, _ = _lanes_of(trace, stream_lanes)
-        host_ms = sum(d for _, d, _ in lanes["host: _foreach_copy_"]) / 1e3
-        end_ms = max((s + d for bars in lanes.values() for s, d, _ in bars), default=0) / 1e3
+    fig, axes = plt.subplots(len(lanes_by_config), 1, figsize=(13, 2.4 * len(lanes_by_config) + 1.0), sharex=True)
+    colors = {HOST: "tab:red", "all-gather copy-in": "tab:orange", "all-gather": "tab:green",
+              "reduce-scatter": "tab:purple", COLLECTIVES: "tab:olive"}
+    for ax, (config, lanes) in zip(axes, lanes_by_config.items(), strict=True):
+        figures = summarize(lanes)
         for y, (lane, bars) in enumerate(reversed(list(lanes.items()))):
-            ax.broken_barh([(s / 1e3, max(d / 1e3, 0.05)) for s, d, _ in bars], (y - 0.35, 0.7),
-                           color=colors[lane])
+            ax.broken_barh([(b.start_us / 1e3, max(b.duration_us / 1e3, 0.02)) for b in bars], (y - 0.35, 0.7),
+                           facecolors=[PHASE_COLORS[b.phase] if b.phase else colors[lane] for b in bars])
         ax.set_yticks(range(len(lanes)), list(reversed(list(lanes))))
-        ax.set_title(f"{config}: host in _foreach_copy_ {host_ms:.1f} ms, step {end_ms:.1f} ms (rank 0)",
-                     fontsize=10, loc="left")
+        ax.set_title(f"{config}: step {figures['step_ms']:.1f} ms, exposed communication "
+                     f"{figures['exposed_communication_ms']:.1f} ms, host in _foreach_copy_ "
+                     f"{figures['host_in_foreach_copy_ms']:.1f} ms (rank 0)", fontsize=10, loc="left")
         ax.grid(axis="x", alpha=0.3)
+    axes[0].legend(handles=[Patch(color=c, label=f"compute: {p}") for p, c in PHASE_COLORS.items()],
+                   loc="upper right", fontsize=8, ncol=3)
     axes[-1].set_xlabel("ms since the step's first event")
+    fig.suptitle(title, fontsize=10)
     fig.tight_layout()
     path = out / "timeline.png"
     fig.savefig(path, dpi=110)
+    plt.close(fig)
     return path
 
 
 def run(args: argparse.Namespace) -> int:
     out = Path(args.out)
     out.mkdir(parents=True, exist_ok=True)
-    lanes = run_ranks(_job, args, str(out.resolve()), name="timeline", backend="hccl", bind_device=False,
-                      timeout=args.timeout, pg_timeout=args.timeout)[0]
-    traces = {c: json.loads((out / f"timeline-{c.replace(' + ', '+')}.json").read_text())["traceEvents"]
-              for c in CONFIGS}
-    for config, trace in traces.items():
-        bars, _ = _lanes_of(trace, lanes)
-        print(f"{config}: " + ", ".join(f"{lane} {len(b)} tasks / {sum(d for _, d, _ in b) / 1e3:.1f} ms"
-                                        for lane, b in bars.items()))
-    print(f"wrote {_plot(out, traces, lanes)} and the traces timeline-*.json")
+    streams = run_ranks(_job, args, str(out.resolve()), name="timeline", backend="hccl", bind_device=False,
+                        timeout=args.timeout, pg_timeout=args.timeout)[0]
+    lanes_by_config = {}
+    for config in CONFIGS:
+        trace = json.loads((out / f"timeline-{config.replace(' + ', '+')}.json").read_text())["traceEvents"]
+        lanes_by_config[config] = lanes_of(trace, streams)
+    summary = {config: summarize(lanes) for config, lanes in lanes_by_config.items()}
+    for config, lanes in lanes_by_config.items():
+        print(f"{config}: " + ", ".join(f"{lane} {len(bars)} tasks / {sum(b.duration_us for b in bars) / 1e3:.1f} ms"
+                                        for lane, bars in lanes.items()))
+        print("  " + ", ".join(f"{key} {value:.2f}" for key, value in summary[config].items()))
+    (out / "timeline-summary.json").write_text(json.dumps(summary, indent=2))
+    cost = f"{make_profile(args.profile).soc_name} compute cost model" if args.compute else "host-timed compute"
+    title = (f"One FSDP2 step, 2 ranks, TinyTransformer dim {args.dim} x {args.blocks} blocks; {cost} "
+             f"(profile {args.profile}), launch {args.launch_us:g} us, copy {args.copy_gbps:g} GB/s, "
+             f"link {args.link_gbps:g} GB/s")
+    print(f"wrote {_plot(out, lanes_by_config, title)}, the traces timeline-*.json and timeline-summary.json")
     return 0

@@ -202,6 +202,7 @@ void register_device() {
     static c10::impl::DeviceGuardImplRegistrar guard_registrar(kNpu, new NpuGuardImpl());
     c10::SetAllocator(kNpu, device_allocator());
     install_cpu_allocator();  // See Note [CPU kernels allocate device memory].
+    register_device_profiler();  // See Note [Device tasks in torch.profiler].
   });
 }
 

@@ -6,7 +6,6 @@
 #include "../runtime/timing.h"
 
 #include <ATen/ATen.h>
-#include <ATen/native/ForeachUtils.h>
 
 #include <algorithm>
 #include <cstring>
@@ -153,6 +152,11 @@ void memcpy_batch_async(const std::vector<at::Tensor>& dsts, const std::vector<a
   }
 }
 
+void launch_delay(c10::DeviceIndex device, double duration_us) {
+  TORCH_CHECK(duration_us >= 0.0, "launch_delay: expected a non-negative duration, got ", duration_us, " us");
+  current_stream(device).enqueue([] {}, duration_us, "sleep");
+}
+
 static_assert(static_cast<int>(c10::ScalarType::NumOptions) <= 63, "ScalarType no longer fits a mask");
 
 int64_t dtype_mask(const std::vector<at::ScalarType>& dtypes) {
@@ -161,15 +165,6 @@ int64_t dtype_mask(const std::vector<at::ScalarType>& dtypes) {
     mask |= int64_t{1} << static_cast<int>(t);
   }
   return mask;
-}
-
-bool can_use_fast_route(const std::vector<at::Tensor>& self, const std::vector<at::Tensor>& src) {
-  return at::native::can_use_fast_route(self, src);
-}
-
-void check_foreach_api_restrictions(
-    const std::vector<at::Tensor>& self, const std::vector<at::Tensor>& src) {
-  at::native::check_foreach_api_restrictions(self, src);
 }
 
 void increment_version(at::TensorList tensors) {

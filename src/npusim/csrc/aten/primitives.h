@@ -1,5 +1,5 @@
-// ACL-like runtime primitives that the operator layer (the native _foreach_copy_
-// kernel, foreach_copy.h, and the Python routing) builds on.
+// ACL-like runtime primitives that the operator layer (the _foreach_copy_
+// kernel, foreach_copy.h) builds on.
 #pragma once
 
 #include <ATen/core/Tensor.h>
@@ -28,16 +28,14 @@ void memcpy_batch(const std::vector<at::Tensor>& dsts, const std::vector<at::Ten
 // destination makes the call wait for the task (as for copy_).
 void memcpy_batch_async(const std::vector<at::Tensor>& dsts, const std::vector<at::Tensor>& srcs);
 
-// The bit mask of ScalarTypes the native _foreach_copy_ kernel's fast route
-// takes (a profile's fast dtypes, foreach_copy.h).
+// A task that does nothing but hold the current stream of `device` for
+// duration_us (torch.npu._sleep, as torch.cuda._sleep spins a kernel): work
+// queued behind it starts later, the host does not wait.
+void launch_delay(c10::DeviceIndex device, double duration_us);
+
+// The bit mask of ScalarTypes the _foreach_copy_ kernel's fast route takes
+// (a profile's fast dtypes, ForeachCopyConfig in foreach_copy.h).
 int64_t dtype_mask(const std::vector<at::ScalarType>& dtypes);
-
-// PyTorch's own fast-route predicate over a whole list pair.
-bool can_use_fast_route(const std::vector<at::Tensor>& self, const std::vector<at::Tensor>& src);
-
-// PyTorch's own foreach argument checks (same errors as upstream).
-void check_foreach_api_restrictions(
-    const std::vector<at::Tensor>& self, const std::vector<at::Tensor>& src);
 
 // Bumps the version counter of each tensor, as upstream foreach kernels do.
 void increment_version(at::TensorList tensors);

@@ -205,7 +205,7 @@ c10::intrusive_ptr<c10d::Work> ProcessGroupNpu::launch(Launch&& l) {
   job.duration_us = l.bytes > 0 ? api.link_task_us(l.bytes) : 0.0;
   job.what = what;
   if (profiler_active()) {
-    job.profile = TaskProfile::capture(c10::str("hccl ", what));
+    job.profile = api.profile_collective(c10::str("hccl ", what), l.device, job.duration_us);
   }
   comm_.submit(std::move(job));
   return work;

@@ -1,9 +1,9 @@
 #include "comm_stream.h"
 
+#include "../runtime/host_wait.h"
 #include "../runtime/stream.h"
 #include "core_api_client.h"
 
-#include <ATen/record_function.h>
 #include <c10/util/Exception.h>
 
 #include <pthread.h>
@@ -54,11 +54,7 @@ void Completion::set(std::string error) {
 
 bool Completion::wait(double timeout_s) const {
   std::unique_lock<std::mutex> lock(mutex_);
-  if (timeout_s < 0) {
-    cv_.wait(lock, [&] { return done_; });
-    return true;
-  }
-  return cv_.wait_for(lock, std::chrono::duration<double>(timeout_s), [&] { return done_; });
+  return wait_on_host(cv_, lock, timeout_s, [&] { return done_; });  // Note [Interruptible host waits]
 }
 
 bool Completion::done() const {
@@ -197,8 +193,7 @@ void CommStream::State::run() {
     }
     std::string error;
     if (job.profile) {
-      const TaskProfileScope scope(*job.profile);
-      error = run_collective(job);
+      core().run_profiled(*job.profile, [&] { error = run_collective(job); });
     } else {
       error = run_collective(job);
     }

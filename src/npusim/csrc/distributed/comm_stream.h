@@ -53,8 +53,8 @@ struct CommJob {
   double duration_us = 0.0;
   // "all_reduce on npu:0 (rank 0 of 2)", for error messages.
   std::string what;
-  // Set when issued under torch.profiler: the collective is recorded as a
-  // range on the comm stream's thread (Note [Device tasks in torch.profiler]).
+  // Set when issued under torch.profiler: the collective is a device activity
+  // on its device's collectives row (Note [Device tasks in torch.profiler]).
   std::shared_ptr<TaskProfile> profile;
 };
 

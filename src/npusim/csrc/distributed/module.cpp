@@ -1,6 +1,7 @@
 // Python bindings of the npu collective backend (npusim_dist_C).
 #include "backend.h"
 #include "core_api_client.h"
+#include "../runtime/host_wait.h"
 
 #include <torch/csrc/utils/pybind.h>
 
@@ -37,6 +38,7 @@ PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
         sizeof(npusim::CoreApi), " bytes), but the loaded device core has version ", api->version,
         " (", api->size, " bytes); rebuild both (clear the npusim build cache)");
     npusim::dist::set_core_api(api);
+    npusim::set_host_wait_interrupt(api->host_wait_interrupt);  // Note [Interruptible host waits]
   });
   using npusim::dist::NpuOptions;
   using npusim::dist::ProcessGroupNpu;

@@ -1,62 +1,109 @@
 // Bindings of the aten floor: device registration, the fallback routes, the
-// generator, the ACL-like primitives and the native _foreach_copy_ kernel.
+// generator and the _foreach_copy_ kernel with its router.
 #include "bindings.h"
 
+#include "../aten/backend_meta.h"
 #include "../aten/device_hooks.h"
 #include "../aten/fallback.h"
 #include "../aten/foreach_copy.h"
 #include "../aten/generator.h"
-#include "../aten/host_transfer.h"
+#include "../aten/ipc.h"
 #include "../aten/primitives.h"
+
+#include <torch/csrc/DynamicTypes.h>
 
 namespace py = pybind11;
 
 namespace npusim {
 
 void init_ops_bindings(py::module& m) {
-  using release = py::call_guard<py::gil_scoped_release>;
-
   m.def("register_device", &npusim::register_device);
   m.def("route_structured_ops_to_fallback", &npusim::route_structured_ops_to_fallback);
 
   // random numbers: the Python torch.Generator of a device's default generator
   m.def("default_generator", [](int device) { return npusim::default_generator(device); });
 
-  // ACL-like primitives for the operator layer
-  m.attr("SINGLE_FOREACH_OP_TENSOR_COUNT") = npusim::kSingleForeachOpTensorCount;
-  m.def("launch_foreach_copy",
-      [](const std::vector<at::Tensor>& dsts, const std::vector<at::Tensor>& srcs, bool wait, double timeout_s) {
-        return npusim::launch_foreach_copy(dsts, srcs, wait, timeout_s);
-      },
-      py::arg("dsts"), py::arg("srcs"), py::arg("wait") = false, py::arg("timeout_s") = -1.0, release());
-  m.def("memcpy_batch", &npusim::memcpy_batch, py::arg("dsts"), py::arg("srcs"), py::arg("timeout_s") = -1.0,
-      release());
-  m.def("same_byte_layouts", &npusim::same_byte_layouts);
-  m.def("dtype_mask", &npusim::dtype_mask);
-  m.def("memcpy_batch_async", &npusim::memcpy_batch_async, release());
-  m.def("can_use_fast_route", &npusim::can_use_fast_route);
-  m.def("check_foreach_api_restrictions", &npusim::check_foreach_api_restrictions);
+  // torch.npu._sleep: a task that only holds the current stream (the host does not wait)
+  m.def("launch_delay", &npusim::launch_delay, py::arg("device"), py::arg("duration_us"),
+      py::call_guard<py::gil_scoped_release>());
 
-  // the native _foreach_copy_ kernel (See Note [Native _foreach_copy_ kernel])
+  m.attr("SINGLE_FOREACH_OP_TENSOR_COUNT") = npusim::kSingleForeachOpTensorCount;
+
+  // the _foreach_copy_ kernel and its router (See Note [The _foreach_copy_ router])
   m.def("register_foreach_copy_kernel", &npusim::register_foreach_copy_kernel);
-  m.def("set_foreach_copy_profile", &npusim::set_foreach_copy_profile);
-  m.def("set_foreach_copy_legacy", &npusim::set_foreach_copy_legacy);
-  m.def("set_foreach_copy_traced", &npusim::set_foreach_copy_traced);
-  m.def("foreach_copy_mirror", [] {
-    const npusim::ForeachCopyMirror m = npusim::foreach_copy_mirror();
+  m.def("set_foreach_copy_config",
+      [](bool kernel, bool nd_out, bool batch, bool memcpy_batch, bool memcpy_batch_async,
+          const std::vector<at::ScalarType>& fast_dtypes, double sync_timeout_s) {
+        npusim::set_foreach_copy_config({kernel, nd_out, batch, memcpy_batch, memcpy_batch_async,
+            npusim::dtype_mask(fast_dtypes), sync_timeout_s});
+      },
+      py::arg("kernel"), py::arg("nd_out"), py::arg("batch"), py::arg("memcpy_batch"),
+      py::arg("memcpy_batch_async"), py::arg("fast_dtypes"), py::arg("sync_timeout_s"));
+  m.def("foreach_copy_config", [] {
+    const npusim::ForeachCopyConfig c = npusim::foreach_copy_config();
     py::dict d;
-    d["kernel"] = m.kernel;
-    d["nd_out"] = m.nd_out;
-    d["fast_dtypes"] = m.fast_dtypes;
-    d["sync_timeout_s"] = m.sync_timeout_s;
-    d["legacy"] = m.legacy;
-    d["traced"] = m.traced;
+    d["kernel"] = c.kernel;
+    d["nd_out"] = c.nd_out;
+    d["batch"] = c.batch;
+    d["memcpy_batch"] = c.memcpy_batch;
+    d["memcpy_batch_async"] = c.memcpy_batch_async;
+    py::list dtypes;
+    for (int t = 0; t < static_cast<int>(c10::ScalarType::NumOptions); ++t) {
+      if ((c.fast_dtypes >> t) & 1) {
+        dtypes.append(py::reinterpret_borrow<py::object>(
+            reinterpret_cast<PyObject*>(torch::getTHPDtype(static_cast<c10::ScalarType>(t)))));
+      }
+    }
+    d["fast_dtypes"] = dtypes;
+    d["sync_timeout_s"] = c.sync_timeout_s;
     return d;
   });
-  m.def("foreach_copy_counts", [] {
-    const npusim::ForeachCopyCounts c = npusim::foreach_copy_counts();
-    return py::make_tuple(c.native, c.routed);
+  m.def("set_foreach_copy_legacy", &npusim::set_foreach_copy_legacy);
+  m.def("foreach_copy_legacy", &npusim::foreach_copy_legacy);
+  m.def("set_original_batch_eligibility", &npusim::set_original_batch_eligibility);
+  // sink(groups, non_blocking, legacy), groups a list of (route, pairs, chunks, non_blocking, dtype or None);
+  // None removes it.
+  m.def("set_foreach_copy_trace_sink", [](py::object sink) {
+    if (sink.is_none()) {
+      npusim::set_foreach_copy_trace_sink(nullptr);
+      return;
+    }
+    // The kernel may drop the last reference on a thread without the GIL.
+    auto fn = std::shared_ptr<py::object>(new py::object(std::move(sink)), [](py::object* f) {
+      const py::gil_scoped_acquire gil;
+      delete f;
+    });
+    npusim::set_foreach_copy_trace_sink([fn](const npusim::ForeachCopyCall& call) {
+      const py::gil_scoped_acquire gil;
+      py::list groups;
+      for (const npusim::ForeachCopyGroup& g : call.groups) {
+        py::object dtype = py::none();
+        if (g.dtype.has_value()) {
+          dtype = py::reinterpret_borrow<py::object>(reinterpret_cast<PyObject*>(torch::getTHPDtype(*g.dtype)));
+        }
+        groups.append(py::make_tuple(npusim::route_name(g.route), g.pairs, g.chunks, g.non_blocking, dtype));
+      }
+      (*fn)(groups, call.non_blocking, call.legacy);
+    });
   });
+  m.def("foreach_copy_traced", &npusim::foreach_copy_traced);
+  m.def("foreach_copy_route_counts", [] {
+    const std::vector<int64_t> counts = npusim::foreach_copy_route_counts();
+    py::dict d;
+    for (size_t r = 0; r < counts.size(); ++r) {
+      d[npusim::route_name(static_cast<npusim::ForeachCopyRoute>(r))] = counts[r];
+    }
+    return d;
+  });
+
+  // backend metadata of npu tensors (Note [npu backend metadata]): npusim.runtime.backend_meta
+  m.def("get_backend_meta", &npusim::get_backend_meta);
+  m.def("set_backend_meta", &npusim::set_backend_meta);
+
+  // npu tensors shared between processes (Note [Sharing npu tensors between processes]): npusim.runtime.ipc.
+  // Sharing synchronizes the device: the GIL is released.
+  m.def("share_npu_storage", &npusim::share_npu_storage, py::call_guard<py::gil_scoped_release>());
+  m.def("open_shared_npu_storage", &npusim::open_shared_npu_storage);
 }
 
 }  // namespace npusim

@@ -6,6 +6,7 @@
 #include "../runtime/device.h"
 #include "../runtime/device_allocator.h"
 #include "../runtime/host_allocator.h"
+#include "../runtime/host_wait.h"
 #include "../runtime/stream.h"
 #include "../runtime/timing.h"
 #include "../runtime/trace.h"
@@ -19,6 +20,24 @@ using npusim::NpuStream;
 
 py::tuple stream_tuple(const NpuStream& s) {
   return py::make_tuple(s.id(), static_cast<int>(s.device()), static_cast<int>(c10::DeviceType::PrivateUse1));
+}
+
+// The interrupt check of host waits (Note [Interruptible host waits]): on a
+// thread that runs Python, Python's pending signal handlers; a handler that
+// raised ends the wait with its error.
+void check_python_signals() {
+#if PY_VERSION_HEX >= 0x030D0000
+  const bool finalizing = Py_IsFinalizing();
+#else
+  const bool finalizing = _Py_IsFinalizing();
+#endif
+  if (!Py_IsInitialized() || finalizing || PyGILState_GetThisThreadState() == nullptr) {
+    return;
+  }
+  const py::gil_scoped_acquire gil;
+  if (PyErr_CheckSignals() != 0) {
+    throw py::error_already_set();
+  }
 }
 
 // The table behind core_api(); see core_api.h for why it exists.
@@ -43,6 +62,12 @@ const npusim::CoreApi& core_api_table() {
         npusim::maybe_reclaim_deferred_frees();
         npusim::reclaim_pinned_frees();
       },
+      &check_python_signals,
+      [](std::string name, c10::DeviceIndex device, double modelled_us) {
+        return npusim::profile_task(std::move(name), device, npusim::kCommLane, npusim::ActivityKind::kKernel,
+            modelled_us);
+      },
+      &npusim::run_profiled,
   };
   return table;
 }
@@ -53,6 +78,8 @@ namespace npusim {
 
 void init_runtime_bindings(py::module& m) {
   using release = py::call_guard<py::gil_scoped_release>;
+
+  set_host_wait_interrupt(&check_python_signals);  // Note [Interruptible host waits]
 
   m.def("core_api", [] {
     return py::capsule(static_cast<const void*>(&core_api_table()), npusim::kCoreApiCapsule);

@@ -16,13 +16,16 @@
 #include <cstddef>
 #include <cstdint>
 #include <functional>
+#include <memory>
+#include <string>
 
 namespace npusim {
 
 class NpuStream;
 struct FenceCounter;
+struct TaskProfile;
 
-constexpr uint32_t kCoreApiVersion = 2;
+constexpr uint32_t kCoreApiVersion = 4;
 constexpr const char* kCoreApiCapsule = "npusim.core_api";
 
 struct CoreApi {
@@ -46,6 +49,12 @@ struct CoreApi {
   // (see runtime.h), and the call that releases frees whose fences passed.
   FenceCounter* (*new_fence_counter)();
   void (*maybe_reclaim)();
+  // The interrupt check of host waits (Note [Interruptible host waits] in host_wait.h).
+  void (*host_wait_interrupt)();
+  // See trace.h: a collective's profile at issue (null unless profiled) and
+  // its run on the comm stream as a device activity of `device`'s comm row.
+  std::shared_ptr<TaskProfile> (*profile_collective)(std::string name, c10::DeviceIndex device, double modelled_us);
+  void (*run_profiled)(TaskProfile& profile, const std::function<void()>& fn);
 };
 
 }  // namespace npusim

@@ -1,29 +1,57 @@
 #include "event.h"
 
+#include "host_wait.h"
+
 #include <c10/util/Exception.h>
 
 namespace npusim {
 
-void event_record(NpuEvent& event, NpuStream& stream) {
+namespace {
+
+std::shared_ptr<EventRecord> new_record(NpuEvent& event, const NpuStream& stream) {
   TORCH_CHECK(event.device < 0 || event.device == stream.device(),
       "Event device npu:", static_cast<int>(event.device),
       " does not match recording stream's device npu:", static_cast<int>(stream.device()));
   event.device = stream.device();
   auto record = std::make_shared<EventRecord>();
   event.record = record;
-  if (done_on_the_host_now(stream)) {  // Note [Work on an idle stream]
-    record->done = true;  // no other thread has this record yet
-    record->when = std::chrono::steady_clock::now();
-    return;
-  }
-  stream.enqueue([record] {
+  return record;
+}
+
+std::function<void()> complete_record(std::shared_ptr<EventRecord> record) {
+  return [record = std::move(record)] {
     {
       std::lock_guard<std::mutex> lock(record->mutex);
       record->done = true;
       record->when = std::chrono::steady_clock::now();
     }
     record->cv.notify_all();
-  }, 0.0, "event_record");
+  };
+}
+
+void record_now(EventRecord& record) {
+  record.done = true;  // no other thread has this record yet
+  record.when = std::chrono::steady_clock::now();
+}
+
+}  // namespace
+
+void event_record(NpuEvent& event, NpuStream& stream) {
+  auto record = new_record(event, stream);
+  if (done_on_the_host_now(stream)) {  // Note [Work on an idle stream]
+    record_now(*record);
+    return;
+  }
+  stream.enqueue(complete_record(std::move(record)), 0.0, "event_record");
+}
+
+void event_record_unobserved(NpuEvent& event, NpuStream& stream) {
+  auto record = new_record(event, stream);
+  if (stream.query() || stream.capture() != nullptr) {
+    record_now(*record);  // a capture's replay needs no profiler marker
+    return;
+  }
+  stream.enqueue_unobserved(complete_record(std::move(record)), "event_record");
 }
 
 void stream_wait_event(NpuStream& stream, const NpuEvent& event) {
@@ -58,7 +86,7 @@ void event_synchronize(const NpuEvent& event) {
     return;
   }
   std::unique_lock<std::mutex> lock(record->mutex);
-  record->cv.wait(lock, [&] { return record->done; });
+  wait_on_host(record->cv, lock, -1.0, [&] { return record->done; });  // Note [Interruptible host waits]
 }
 
 double event_elapsed_ms(const NpuEvent& start, const NpuEvent& end) {

@@ -1,5 +1,7 @@
 #include "stream.h"
 
+#include "host_wait.h"
+
 #include <c10/util/Exception.h>
 #include <c10/util/StringUtil.h>
 
@@ -101,10 +103,15 @@ void NpuStream::enqueue(std::function<void()> fn, double duration_us, const char
     graph->add_task(std::move(fn), duration_us, op);
     return;
   }
-  push(std::move(fn), duration_us, op, profiler_active() ? profile_task(name(), op) : nullptr);
+  push(std::move(fn), duration_us, op,
+      profiler_active() ? profile_task(op, device_, id_, activity_kind(op), duration_us) : nullptr);
   if (launch_blocking() && !on_stream_worker()) {
     synchronize();
   }
+}
+
+void NpuStream::enqueue_unobserved(std::function<void()> fn, const char* op) {
+  push(std::move(fn), 0.0, op, nullptr);
 }
 
 void NpuStream::push(std::function<void()> fn, double duration_us, const char* op,
@@ -153,8 +160,7 @@ void NpuStream::run() {
     }
     if (task.profile) {
       // See Note [Device tasks in torch.profiler].
-      const TaskProfileScope scope(*task.profile);
-      run_task(task);
+      run_profiled(*task.profile, [&] { run_task(task); });
     } else {
       run_task(task);
     }
@@ -175,11 +181,7 @@ bool NpuStream::wait_completed(uint64_t target, double timeout_s) {
       "npusim: a task of ", name(), " waits on its own stream");
   std::unique_lock<std::mutex> lock(mutex_);
   auto ready = [&] { return completed_.load(std::memory_order_acquire) >= target; };
-  if (timeout_s < 0) {
-    done_cv_.wait(lock, ready);
-    return true;
-  }
-  return done_cv_.wait_for(lock, std::chrono::duration<double>(timeout_s), ready);
+  return wait_on_host(done_cv_, lock, timeout_s, ready);  // Note [Interruptible host waits]
 }
 
 void NpuStream::record_error(const char* op, const char* message) {

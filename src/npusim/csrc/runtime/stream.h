@@ -62,6 +62,9 @@ class NpuStream {
   // `op` (a string literal) names the task in the error its failure raises
   // and in profiler traces.
   void enqueue(std::function<void()> fn, double duration_us = 0.0, const char* op = "task");
+  // A task no observer sees (no device activity, never captured, never
+  // blocking): the profiler's own timing markers (device_profiler.cpp).
+  void enqueue_unobserved(std::function<void()> fn, const char* op);
   bool query() const {
     return completed_.load(std::memory_order_acquire) ==
         enqueued_.load(std::memory_order_acquire);
@@ -162,11 +165,11 @@ inline void wait_current_stream_idle(c10::DeviceIndex device) {
 // several times per module per step (issue 15). The host cannot tell the
 // difference: the work is done, in stream order, before anything enqueued
 // later. The task form stays while the stream is captured into an npu graph
-// (the graph must replay the work), under torch.profiler (whose trace shows
-// device tasks) and, for copies, under the timing model (a copy then takes
+// (the graph must replay the work), while torch.profiler records device
+// activities (its trace shows device tasks) and, for copies, under the timing model (a copy then takes
 // its modelled stream time).
 inline bool tasks_must_show(const NpuStream& stream) {
-  return stream.capture() != nullptr || profiler_active();
+  return stream.capture() != nullptr || recording_device_activities();
 }
 
 // Whether work enqueued on `stream` now would start at once and need not be a task.

@@ -2,30 +2,132 @@
 
 #include <c10/core/Allocator.h>
 #include <c10/util/ThreadLocalDebugInfo.h>
+#include <c10/util/ApproximateClock.h>
 #include <c10/util/StringUtil.h>
 
 #include <mutex>
+#include <string_view>
 
 #include <pthread.h>
 
 namespace npusim {
 
-// Note [Device tasks in torch.profiler]
-// torch 2.13 offers a PrivateUse1 backend no hook for device-side activities
-// short of a kineto plugin, but the profiler records every RecordFunction
-// range of a thread that carries its thread-local state; that is how it sees
-// autograd's worker threads. A task enqueued while the host thread is being
-// profiled captures that state, and the stream worker runs the task (its
-// modelled duration included) inside a user-scope range under it. Each stream
-// worker is a named thread, so the Chrome trace shows one row per stream.
-// Allocations and frees go to c10::reportMemoryUsageToProfiler, which the
-// profiler's memory events (profile_memory=True) are made of.
+// See Note [Device tasks in torch.profiler] in device_profiler.cpp.
 
-std::shared_ptr<TaskProfile> profile_task(const std::string& lane, const char* label) {
+std::atomic<bool> g_recording_device_activities{false};
+
+namespace {
+
+// The op ranges open on this thread, innermost last, as kineto pushes their
+// correlation ids to the session (ops and user scopes apart, as CUPTI keeps
+// them). A recording's generation clears what an earlier one left behind.
+struct CorrelationStack {
+  uint64_t generation = 0;
+  std::vector<uint64_t> ops;
+  std::vector<uint64_t> user_scopes;
+};
+thread_local CorrelationStack tls_correlation;
+std::atomic<uint64_t> g_recording_generation{0};
+
+CorrelationStack& correlation_stack() {
+  CorrelationStack& stack = tls_correlation;
+  const uint64_t generation = g_recording_generation.load(std::memory_order_acquire);
+  if (stack.generation != generation) {
+    stack = CorrelationStack{generation, {}, {}};
+  }
+  return stack;
+}
+
+std::mutex& g_activities_mutex = *new std::mutex();
+std::vector<DeviceActivity>& g_activities = *new std::vector<DeviceActivity>();
+
+void record_activity(DeviceActivity activity) {
+  std::lock_guard<std::mutex> lock(g_activities_mutex);
+  if (recording_device_activities()) {  // a task that outlived the recording is dropped
+    g_activities.push_back(std::move(activity));
+  }
+}
+
+}  // namespace
+
+void push_correlation(uint64_t id, bool user_scope) {
+  CorrelationStack& stack = correlation_stack();
+  (user_scope ? stack.user_scopes : stack.ops).push_back(id);
+}
+
+void pop_correlation(bool user_scope) {
+  CorrelationStack& stack = correlation_stack();
+  auto& ids = user_scope ? stack.user_scopes : stack.ops;
+  if (!ids.empty()) {
+    ids.pop_back();
+  }
+}
+
+uint64_t current_correlation() {
+  const CorrelationStack& stack = correlation_stack();
+  // An op's own range, as CUPTI's kernels; a task launched outside any op
+  // (a Python-level stream call) goes to its innermost user scope.
+  if (!stack.ops.empty()) {
+    return stack.ops.back();
+  }
+  return stack.user_scopes.empty() ? 0 : stack.user_scopes.back();
+}
+
+void start_device_activities() {
+  std::lock_guard<std::mutex> lock(g_activities_mutex);
+  g_activities.clear();
+  g_recording_generation.fetch_add(1, std::memory_order_acq_rel);
+  g_recording_device_activities.store(true, std::memory_order_release);
+}
+
+std::vector<DeviceActivity> stop_device_activities() {
+  std::lock_guard<std::mutex> lock(g_activities_mutex);
+  g_recording_device_activities.store(false, std::memory_order_release);
+  std::vector<DeviceActivity> out;
+  out.swap(g_activities);
+  return out;
+}
+
+ActivityKind activity_kind(const char* label) {
+  const std::string_view name(label != nullptr ? label : "");
+  if (name.rfind("copy", 0) == 0 || name.rfind("memcpy", 0) == 0) {
+    return ActivityKind::kMemcpy;
+  }
+  if (name == "event_record" || name == "wait_event") {
+    return ActivityKind::kSync;
+  }
+  return ActivityKind::kKernel;
+}
+
+std::shared_ptr<TaskProfile> profile_task(std::string name, c10::DeviceIndex device, int lane, ActivityKind kind,
+    double modelled_us) {
   if (!profiler_active()) {
     return nullptr;
   }
-  return TaskProfile::capture(c10::str(lane, ": ", label));
+  auto profile = std::make_shared<TaskProfile>();
+  profile->debug_info = c10::ThreadLocalDebugInfo::current();
+  if (recording_device_activities()) {
+    profile->activity = DeviceActivity{std::move(name), device, lane, kind, current_correlation(), modelled_us, 0, 0};
+  }
+  return profile;
+}
+
+void run_profiled(TaskProfile& profile, const std::function<void()>& fn) {
+  const c10::DebugInfoGuard state(profile.debug_info);  // the task's memory events
+  if (!profile.activity) {
+    fn();
+    return;
+  }
+  // Handed to the session when the task ends, however it ends.
+  struct Timed {
+    DeviceActivity& activity;
+    ~Timed() {
+      activity.end_ns = c10::getTime();
+      record_activity(std::move(activity));
+    }
+  } timed{*profile.activity};
+  profile.activity->start_ns = c10::getTime();
+  fn();
 }
 
 void name_thread(const std::string& name) {

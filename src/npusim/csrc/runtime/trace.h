@@ -4,12 +4,14 @@
 // See Note [Device tasks in torch.profiler].
 #pragma once
 
-#include <ATen/record_function.h>
 #include <c10/util/ThreadLocalDebugInfo.h>
 #include <c10/core/Device.h>
 
+#include "npu_type.h"
+
 #include <atomic>
 #include <cstdint>
+#include <functional>
 #include <memory>
 #include <optional>
 #include <string>
@@ -20,52 +22,70 @@ namespace npusim {
 // ---- torch.profiler ---------------------------------------------------------
 
 // True when the calling thread runs under torch.profiler (its state is in the
-// thread's debug info): a task enqueued now is recorded.
+// thread's debug info): a task enqueued now carries that state to the worker.
 inline bool profiler_active() {
   return c10::ThreadLocalDebugInfo::get(c10::DebugInfoKind::PROFILER_STATE) != nullptr;
 }
 
-// A device task's profile: the enqueuing thread's profiler state and the
-// range name ("npu:0 stream 3: foreach_copy"). Only the profiler's part of the
-// thread-local state: the whole at::ThreadLocalState would also carry Python
-// objects (saved-tensor hooks, dispatch modes) that a stream worker, which
-// never holds the GIL, must not release.
+// What a device activity is to the profiler (kineto's activity types:
+// kernels, memcpys, synchronizations).
+enum class ActivityKind : int { kKernel = 0, kMemcpy = 1, kSync = 2 };
+
+// The row of a collective backend's work on its device, after the streams'.
+constexpr int kCommLane = kStreamsPerDevice;
+
+// One device task as torch.profiler shows it: on the row (device, lane) of
+// its stream, from when the stream started it to when it completed (its
+// modelled duration included), linked to the op whose range was innermost on
+// the launching thread (as CUPTI links kernels by correlation id).
+struct DeviceActivity {
+  std::string name;
+  int device = 0;
+  int lane = 0;  // the stream id, or kCommLane
+  ActivityKind kind = ActivityKind::kKernel;
+  uint64_t correlation = 0;  // 0: launched outside any op
+  double modelled_us = 0.0;  // the timing model's part of its duration
+  int64_t start_ns = 0;
+  int64_t end_ns = 0;
+};
+
+// True while a torch.profiler session with PrivateUse1 activities records
+// (runtime/device_profiler.cpp): one load.
+extern std::atomic<bool> g_recording_device_activities;
+inline bool recording_device_activities() {
+  return g_recording_device_activities.load(std::memory_order_acquire);
+}
+
+// A device task's profile: the enqueuing thread's profiler state (so that the
+// worker reports the task's allocations and frees as the profiler's memory
+// events) and, while device activities are recorded, the task's activity.
+// Only the profiler's debug info, not the whole at::ThreadLocalState, which
+// would carry Python objects (saved-tensor hooks, dispatch modes) that a
+// stream worker, which never holds the GIL, must not release.
 struct TaskProfile {
   std::shared_ptr<c10::ThreadLocalDebugInfo> debug_info;
-  at::RecordFunctionTLS callbacks;
-  std::string name;
-
-  static std::shared_ptr<TaskProfile> capture(std::string name) {
-    return std::make_shared<TaskProfile>(
-        TaskProfile{c10::ThreadLocalDebugInfo::current(), at::get_record_function_tls_(), std::move(name)});
-  }
+  std::optional<DeviceActivity> activity;
 };
 
-// Runs the rest of the scope under `profile`'s profiler state, inside its range.
-class TaskProfileScope {
- public:
-  explicit TaskProfileScope(const TaskProfile& profile)
-      : debug_info_(profile.debug_info), saved_(at::get_record_function_tls_()) {
-    at::set_record_function_tls_(profile.callbacks);
-    range_.emplace(at::RecordScope::USER_SCOPE);
-    if (range_->isActive()) {
-      range_->before(profile.name);
-    }
-  }
-  ~TaskProfileScope() {
-    range_.reset();  // ends the range while the profiler's state is still set
-    at::set_record_function_tls_(saved_);
-  }
-  TaskProfileScope(const TaskProfileScope&) = delete;
-  TaskProfileScope& operator=(const TaskProfileScope&) = delete;
+// Null unless profiler_active(). Called on the launching thread: the
+// activity's correlation is that thread's innermost op.
+std::shared_ptr<TaskProfile> profile_task(std::string name, c10::DeviceIndex device, int lane, ActivityKind kind,
+    double modelled_us);
+// Runs fn as the task `profile` describes: under its profiler state, timed
+// as its device activity (which is then handed to the profiler session).
+void run_profiled(TaskProfile& profile, const std::function<void()>& fn);
+// The kind of a stream task from its label: copies are memcpys, event
+// records and waits synchronizations, the rest kernels.
+ActivityKind activity_kind(const char* label);
 
- private:
-  c10::DebugInfoGuard debug_info_;
-  at::RecordFunctionTLS saved_;
-  std::optional<at::RecordFunction> range_;
-};
-// Null unless profiler_active().
-std::shared_ptr<TaskProfile> profile_task(const std::string& lane, const char* label);
+// The innermost op range of the calling thread, as the profiler session
+// tells it (push/pop of kineto's correlation ids); 0 outside any.
+void push_correlation(uint64_t id, bool user_scope);
+void pop_correlation(bool user_scope);
+uint64_t current_correlation();
+// Completed activities since the recording began (device_profiler.cpp).
+void start_device_activities();
+std::vector<DeviceActivity> stop_device_activities();
 
 // Names the calling thread (visible in profiler traces, top, gdb); at most 15 chars.
 void name_thread(const std::string& name);

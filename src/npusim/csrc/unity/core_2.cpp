@@ -7,6 +7,7 @@
 #include "../aten/generator.cpp"
 #include "../aten/random_ops.cpp"
 #include "../aten/cuda_semantics.cpp"
+#include "../aten/attention.cpp"
 #include "../graph/op_recorder.cpp"
 #include "../graph/graph.cpp"
 #include "../python/graph_bindings.cpp"

@@ -25,7 +25,8 @@ from npusim.ops.fused._library import OPS
 __all__ = ["FAMILIES", "OPS", "register"]
 
 # The family modules, each registering its operators when imported.
-FAMILIES: tuple[str, ...] = ("attention",)
+FAMILIES: tuple[str, ...] = ("norms", "rotary", "activations", "softmax", "attention", "moe_gating", "moe_routing",
+                             "moe_permute", "grouped_matmul", "layout")
 
 
 def register() -> None:

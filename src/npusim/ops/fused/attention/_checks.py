@@ -9,10 +9,17 @@ caller can tell "not simulated" from "wrong".
 from __future__ import annotations
 
 from collections.abc import Callable, Iterable, Sequence
-from typing import Any, NoReturn
+from typing import Any
 
 import torch
 from torch import Tensor
+
+from npusim.ops.fused._checks import check, fail
+
+__all__ = [
+    "FLOAT_DTYPES", "INT_MAX", "MASK_DTYPES", "ArgumentNotSimulatedError", "check", "check_devices", "check_dim",
+    "check_divisible", "check_dtype", "check_same_dtype", "fail", "refuse", "rejecting_cpu_kernel",
+]
 
 # The dtypes the attention kernels take (op-plugin: float16, bfloat16, float32).
 FLOAT_DTYPES = (torch.float16, torch.bfloat16, torch.float32)
@@ -22,15 +29,6 @@ INT_MAX = 2147483647
 
 class ArgumentNotSimulatedError(NotImplementedError):
     """An argument op-plugin documents for an operator that npusim does not simulate."""
-
-
-def fail(op: str, message: str) -> NoReturn:
-    raise RuntimeError(f"{op}: {message}")
-
-
-def check(condition: bool, op: str, message: str) -> None:
-    if not condition:
-        fail(op, message)
 
 
 def refuse(op: str, name: str, value: object, why: str) -> None:

@@ -21,10 +21,10 @@ from npusim.ops.fused.attention import _dropout
 from npusim.ops.fused.attention._checks import check, check_devices, rejecting_cpu_kernel
 
 OP = "_npu_dropout_gen_mask"
-# The op's only overload is "Tensor": kernels register on npu::_npu_dropout_gen_mask.Tensor.
+# The op's only overload is "Tensor": define returns npu::_npu_dropout_gen_mask.Tensor, where kernels register.
 _SCHEMA = ("_npu_dropout_gen_mask.Tensor(Tensor self, int[] size, float p, int seed, int offset, *, "
            "bool? parallel=True, bool? sync=None) -> Tensor")
-GEN_MASK = define(_SCHEMA, tags=(torch.Tag.nondeterministic_seeded,)) + ".Tensor"
+GEN_MASK = define(_SCHEMA, tags=(torch.Tag.nondeterministic_seeded,))
 
 
 def _check(self: Tensor, size: Sequence[int], p: float) -> int:

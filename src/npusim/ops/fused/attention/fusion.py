@@ -26,12 +26,13 @@ does not support graph mode.) On the meta device the fake kernel returns 0 for b
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Iterator, Sequence
 from typing import Any
 
 import torch
 from torch import Tensor
 from torch._subclasses.fake_tensor import DataDependentOutputException
+from torch.utils.flop_counter import register_flop_formula, sdpa_backward_flop_count, sdpa_flop_count
 
 from npusim.ops.fused._library import define
 from npusim.ops.fused.attention import _core, _dropout
@@ -277,6 +278,35 @@ def _autograd_backward(ctx: Any, dout: Tensor | None, *unused: Any) -> tuple[Ten
     grads[5] = dpse if has_pse else None
     grads[20] = dsink if has_sink else None
     return tuple(grads)
+
+
+def _block_shapes(call: Call) -> Iterator[tuple[tuple[int, ...], tuple[int, ...], tuple[int, ...]]]:
+    """(query, key, value) as (B, N, S, D) shapes for each dense block of the call."""
+    if call.segments is None:
+        yield ((call.batch, call.q_heads, call.q_len, call.head_dim),
+               (call.batch, call.kv_heads, call.kv_len, call.head_dim),
+               (call.batch, call.kv_heads, call.kv_len, call.v_head_dim))
+        return
+    for seg in call.segments:
+        sq, skv = seg.q_end - seg.q_start, seg.kv_end - seg.kv_start
+        yield (1, call.q_heads, sq, call.head_dim), (1, call.kv_heads, skv, call.head_dim), \
+            (1, call.kv_heads, skv, call.v_head_dim)
+
+
+# PyTorch's FLOP formulas for attention (torch.utils.flop_counter), block by block: what
+# FlopCounterMode and npusim's timing model (Note [Compute cost model]) count. As for SDPA,
+# masked-out blocks of a sparse mode are counted: the formula is the dense one.
+@register_flop_formula(torch.ops.npu.npu_fusion_attention, get_raw=True)
+def _forward_flop(*args: Any, out_val: Any = None, **kwargs: Any) -> int:
+    a = _forward_args(*args, **kwargs)
+    call = _parse(OP, a, {"dropout_mask": a["dropout_mask"]})
+    return sum(sdpa_flop_count(q, k, v) for q, k, v in _block_shapes(call))
+
+
+@register_flop_formula(torch.ops.npu.npu_fusion_attention_grad, get_raw=True)
+def _backward_flop(*args: Any, out_val: Any = None, **kwargs: Any) -> int:
+    call = _parse_grad(_grad_args(*args, **kwargs))
+    return sum(sdpa_backward_flop_count((*q[:3], v[3]), q, k, v) for q, k, v in _block_shapes(call))
 
 
 LIB_KERNELS = (

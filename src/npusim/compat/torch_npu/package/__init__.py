@@ -1,0 +1,59 @@
+"""torch_npu as npusim simulates it: this package is executed as the module ``torch_npu``.
+
+``python -m npusim run`` (:mod:`npusim.compat.torch_npu`) makes ``import torch_npu``
+load it. ``torch_npu.npu`` is ``torch.npu``; op-plugin's fused operators are
+``torch_npu.<name>`` when npusim simulates them; every other torch_npu name raises
+NotSimulatedError (an AttributeError) naming the call. See Note [The torch_npu of
+npusim run] in npusim/compat/torch_npu/__init__.py.
+"""
+
+if __name__ != "torch_npu":
+    raise ImportError(f"{__name__} is npusim's torch_npu: it is imported as torch_npu under `python -m npusim run`, "
+                      "never under its npusim name")
+
+import importlib
+import os
+import sys
+from typing import Any
+
+import torch
+from torch_npu.version import __version__  # noqa: F401  (torch_npu.__version__)
+
+from npusim.compat.torch_npu import PACKAGE_DIR, NotSimulatedError
+from npusim.ops.fused import OPS
+from npusim.ops.fused.layout import Format  # noqa: F401  (torch_npu.Format, the ACL formats)
+
+__npusim_shim__ = True  # npusim's own torch_npu, not a real one (npusim._device checks it)
+
+npu = torch.npu
+sys.modules["torch_npu.npu"] = torch.npu
+for _name in torch.npu.SUBMODULES:
+    sys.modules[f"torch_npu.npu.{_name}"] = getattr(torch.npu, _name)
+
+# The subpackages in this directory, imported on first attribute access as torch_npu's are on import.
+_SUBPACKAGES = frozenset(entry.removesuffix(".py") for entry in os.listdir(PACKAGE_DIR)
+                         if not entry.startswith("__") and (entry.endswith(".py") or (PACKAGE_DIR / entry).is_dir()))
+
+
+def __getattr__(name: str) -> Any:
+    """op-plugin's fused operators npusim simulates, then this package's submodules; else NotSimulatedError."""
+    op = OPS.get(name)
+    if op is not None:
+        return op
+    if name in _SUBPACKAGES:
+        return importlib.import_module(f"torch_npu.{name}")
+    if name.startswith("__") and name.endswith("__"):
+        raise AttributeError(f"module 'torch_npu' has no attribute {name!r}")
+    if name.startswith(("npu_", "_npu_")):
+        raise NotSimulatedError(
+            f"torch_npu.{name} is not simulated by npusim: op-plugin's fused operator has no npu kernel here "
+            f"(simulated: {', '.join(sorted(OPS)) or 'none yet'}); use the PyTorch operators it fuses, or run on "
+            "a real NPU", name=name, obj=sys.modules[__name__])
+    raise NotSimulatedError(f"torch_npu.{name} is not simulated by npusim (npusim's torch_npu provides torch_npu.npu, "
+                            "op-plugin's simulated fused operators, torch_npu.testing, torch_npu._C's raw streams and "
+                            "hccl options, torch_npu.utils and torch_npu.contrib.transfer_to_npu)",
+                            name=name, obj=sys.modules[__name__])
+
+
+def __dir__() -> list[str]:
+    return sorted({*globals(), *OPS, *_SUBPACKAGES})

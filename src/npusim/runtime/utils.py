@@ -1,0 +1,85 @@
+"""``torch.npu.utils``: torch_npu's ``torch_npu.npu.utils`` names that mean something here.
+
+torch_npu keeps its device helpers and the CANN version queries in this submodule;
+frameworks and torch_npu's own test helpers import them from it
+(``from torch_npu.npu.utils import _get_device_index, get_cann_version``). The CANN
+version is the one the capability profile models (``Profile.cann_version``).
+"""
+
+from __future__ import annotations
+
+import re
+from typing import Any
+
+import torch
+from torch._utils import _get_device_index as _torch_get_device_index
+
+from npusim.runtime.device import (
+    current_device,
+    device,
+    device_of,
+    get_sync_debug_mode,
+    ipc_collect,
+    is_bf16_supported,
+    set_device,
+    set_sync_debug_mode,
+    synchronize,
+)
+from npusim.runtime.streams import StreamContext, current_stream, default_stream, set_stream, stream
+
+__all__ = [
+    "StreamContext", "current_device", "current_stream", "default_stream", "device", "device_of",
+    "get_cann_version", "get_sync_debug_mode", "ipc_collect", "is_bf16_supported", "is_support_inf_nan",
+    "set_device", "set_stream", "set_sync_debug_mode", "stream", "synchronize",
+]
+
+# The packages torch_npu's get_cann_version(module=...) knows.
+CANN_MODULES = ("CANN", "RUNTIME", "COMPILER", "HCCL", "TOOLKIT", "OPP", "OPP_KERNEL", "DRIVER")
+
+_VERSION = re.compile(r"(\d+)\.(\d+)\.(?:(\d+)|RC(\d+))(?:\.(?:alpha|beta|T)(\d+))?", re.IGNORECASE)
+
+
+def _get_device_index(device: Any, optional: bool = False, allow_cpu: bool = False) -> int:
+    """torch_npu's contract: an int is returned as is; a ``torch.device`` (or its string) must be
+    an npu device (or cpu with ``allow_cpu``, giving -1); None or ``"npu"`` give the current
+    device when ``optional``. The rest is PyTorch's ``torch._utils._get_device_index``."""
+    if isinstance(device, str):
+        device = torch.device(device)
+    if isinstance(device, torch.device) and device.type not in (("npu", "cpu") if allow_cpu else ("npu",)):
+        expected = "an npu or cpu device" if allow_cpu else "an npu device"
+        raise ValueError(f"torch.npu.utils._get_device_index: expected {expected}, got {device}")
+    return _torch_get_device_index(device, optional, allow_cpu)
+
+
+def get_cann_version(module: str = "CANN") -> str:
+    """The version of a CANN package, as torch_npu reports it: the profile's ``cann_version``
+    for every package; the driver (``"DRIVER"``) is not simulated, so its version is ``""``."""
+    from npusim.runtime.profiles import get_profile
+
+    if module not in CANN_MODULES:
+        raise ValueError(f"torch.npu.utils.get_cann_version: module must be one of {CANN_MODULES}, got {module!r}")
+    return "" if module == "DRIVER" else get_profile().cann_version
+
+
+def _cann_version_key(version: str) -> tuple[int, ...]:
+    """Orders CANN versions as releases follow each other: ``8.0.RC3 < 8.0.0 < 8.1.RC1 < 8.1.0``."""
+    match = _VERSION.fullmatch(version.strip())
+    if match is None:
+        raise ValueError(f"expected a CANN version such as '8.1.RC1' or '9.1.0', got {version!r}")
+    major, minor, patch, rc, pre = match.groups()
+    release = (1, int(patch)) if patch is not None else (0, int(rc))
+    return (int(major), int(minor), *release, int(pre) if pre is not None else 1 << 30)
+
+
+def _is_gte_cann_version(version: str, module: str = "CANN") -> bool:
+    """Whether the simulated CANN package ``module`` is ``version`` or newer (torch_npu's check;
+    the driver has no CANN version, so asking about ``"DRIVER"`` raises, as in torch_npu)."""
+    if module == "DRIVER":
+        raise RuntimeError("torch.npu.utils._is_gte_cann_version: the DRIVER module has no CANN version")
+    return _cann_version_key(get_cann_version(module)) >= _cann_version_key(version)
+
+
+def is_support_inf_nan() -> bool:
+    """True: the simulated SoC keeps IEEE infinities and NaNs (INF_NAN mode, as the 910B series);
+    overflow shows up as non-finite values, not as a saturation flag."""
+    return True
