@@ -42,13 +42,13 @@ def test_cases_are_reproducible_from_seed_and_index():
     assert (first.status, first.detail, first.routes) == (again.status, again.detail, again.routes)
 
 
-@pytest.mark.parametrize("name", sorted(copy_fuzz.KNOWN_CRASHES))
-def test_known_crash_still_crashes(name):
-    """Each known crash's reproducer still kills the process (remove it from the list once fixed)."""
-    _, script, _ = copy_fuzz.KNOWN_CRASHES[name]
-    result = subprocess.run([sys.executable, "-c", script], capture_output=True, timeout=300)
-    assert result.returncode < 0 or result.returncode > 1, (
-        f"{name} no longer crashes (rc {result.returncode}); remove it from KNOWN_CRASHES")
+def test_known_crashes_still_crash():
+    """Each known crash's reproducer still kills the process (remove it from the list once fixed); the list
+    is empty today, so the campaign skips no case."""
+    for name, (_, script, _) in sorted(copy_fuzz.KNOWN_CRASHES.items()):
+        result = subprocess.run([sys.executable, "-c", script], capture_output=True, timeout=300)
+        assert result.returncode < 0 or result.returncode > 1, (
+            f"{name} no longer crashes (rc {result.returncode}); remove it from KNOWN_CRASHES")
 
 
 def test_copy_onto_an_identical_stride0_view_returns_as_on_cpu():

@@ -40,14 +40,11 @@ def _x(reason: str, dtypes: str | None = None, phase: str | None = None, samples
 # from the full sweep over every CPU dtype (docs/CONFORMANCE.md). Each is a
 # difference where npusim is right; the conjugate-view crash (105 ops), the
 # missing convolution kernel (6 ops) and the linalg.lu_solve left=False values
-# were fixed and their entries removed.
+# were fixed and their entries removed; so were SDPA's math-path gradients once npu ran
+# CPU's fused kernel (ops/attention.py).
 RANDOMIZED = ("random: a randomized algorithm draws its Gaussian sketch from npu's Philox generator and CPU's "
               "from mt19937 (CUDA's Philox differs from CPU's too); the forward results agree, the gradients of "
               "the two approximations differ by up to about 3e-3")
-SDPA_MATH_PATH = ("attention path: scaled_dot_product_attention on npu takes the math path where CPU takes its "
-                  "fused flash kernel (issue 24 item 7, the fused-attention hooks, on another branch); the "
-                  "gradients of a few samples differ just past assert_close's tolerance. Remove this entry "
-                  "when that lands: the sweep reports it as xpass")
 SPARSE = ("sparse: npu tensors are strided only; the op raises an error naming the layout "
           "(SparseCsrnpu has no kernels, sparse CPU results are refused by the fallback), in every dtype")
 CHUNKED_ACCUMULATION = (
@@ -61,10 +58,6 @@ EXPECTED_FAILURES: dict[str, XFail | tuple[XFail, ...]] = {
     'pca_lowrank': _x(RANDOMIZED, 'complex64', phase='backward', samples='2 4 5 6 7 8 10 11 12 13 14 15'),
     'svd_lowrank': (_x(RANDOMIZED, 'complex64', phase='backward', samples='2 4 5 6 7 14'),
                     _x(RANDOMIZED, 'float32', phase='backward', samples='12')),
-    'nn.functional.scaled_dot_product_attention': (
-        _x(SDPA_MATH_PATH, 'bfloat16', phase='backward', samples='8 12'),
-        _x(SDPA_MATH_PATH, 'float16', phase='backward', samples='12'),
-        _x(SDPA_MATH_PATH, 'float32', phase='backward', samples='8')),
     'nn.functional.linear_cross_entropy.chunked': _x(CHUNKED_ACCUMULATION, 'bfloat16 float16'),
     'nn.functional.linear_cross_entropy.chunked_none': _x(CHUNKED_ACCUMULATION, 'bfloat16 float16'),
     'sparse.mm.reduce': _x(SPARSE, phase='forward'),
