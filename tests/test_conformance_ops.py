@@ -156,10 +156,11 @@ def test_expected_failures_hold_in_every_dtype(swept: judge.Summary) -> None:
 
 
 def test_samples_that_keep_their_results_on_cpu_pass() -> None:
-    """arange(2) names no device and has no tensor, zeros_like(t, device="cpu") and randint(..., device="cpu")
-    ask for cpu even on npu: CPU results in both runs pass."""
+    """arange(2) names no device and has no tensor, zeros_like(t, device="cpu"), randint(..., device="cpu") and
+    empty_like(t, device="cpu") (uninitialized: sizes compared, not values) ask for cpu even on npu: CPU results
+    in both runs pass."""
     ops = compare.ops_by_name()
-    for name, start, stop in (("arange", 25, 27), ("zeros_like", 5, 7), ("randint", 10, 14)):
+    for name, start, stop in (("arange", 25, 27), ("zeros_like", 5, 7), ("randint", 10, 14), ("empty_like", 5, 7)):
         results = list(compare.run_op(ops[name], torch.float32, start=start, max_samples=stop, backward=False))
         assert [(r.index, r.status) for r in results] == [(i, "pass") for i in range(start, stop)], name
 

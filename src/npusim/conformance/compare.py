@@ -356,9 +356,11 @@ def _check_sample(op: Any, sample: Any, twin: Any | None, dtype: torch.dtype, in
     on_npu = _results_belong_on_npu(npu_sample)
     diff = _compare(npu_p, cpu_p, "output", devices=on_npu)
     uncomparable = values_not_comparable(op, dtype)
-    if diff is not None and uncomparable is not None and _compare(npu_p, cpu_p, "output", values=False) is None:
+    # Sizes, dtypes and devices agree (the same placement rule as the full comparison above).
+    same_shapes = diff is not None and _compare(npu_p, cpu_p, "output", values=False, devices=on_npu) is None
+    if same_shapes and uncomparable is not None:
         random = True  # OpInfo itself does not compare these values with CPU's
-    elif diff is not None and draws_random_numbers(op) and _compare(npu_p, cpu_p, "output", values=False) is None:
+    elif same_shapes and draws_random_numbers(op):
         # npu draws from its Philox generator, CPU from mt19937: the values differ by design.
         # What must hold is npu's own reproducibility under the same seed.
         def to_cpu(tree: Any) -> Any:
@@ -369,7 +371,7 @@ def _check_sample(op: Any, sample: Any, twin: Any | None, dtype: torch.dtype, in
         random = diff is None
         if not random:
             return [result("forward", "fail", diff)]
-    elif diff is not None and _compare(npu_p, cpu_p, "output", values=False) is None:
+    elif same_shapes:
         try:
             again = sample.output_process_fn_grad(_call(op, pristine, 1))
             random = _compare(again, cpu_p, "output", devices=False) is not None
