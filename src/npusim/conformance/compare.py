@@ -59,7 +59,9 @@ __all__ = ["SampleResult", "dtype_from_name", "load_op_db", "ops_by_name", "run_
 # A sample with neither a tensor nor a device argument (a factory such as
 # arange(2)) and one whose twin names cpu as a device (zeros_like(t,
 # device="cpu"), randint(..., device="cpu")) make CPU tensors in both runs:
-# their results are not required on npu.
+# their results are not required on npu, in the full comparison and in the
+# sizes-only one of results whose values are not compared (uninitialized or
+# random: empty_like(t, device="cpu")).
 
 NPU = torch.device("npu", 0)
 _MAX_DETAIL = 300
