@@ -17,7 +17,7 @@ CSRC = PACKAGE / "csrc"
 
 # Python layers, lowest first; a module imports only from its own package and the layers below.
 PY_LAYERS: list[set[str]] = [
-    {"config", "_sources"}, {"_build"}, {"runtime"}, {"_device"},
+    {"config", "_sources", "_after_import"}, {"_build"}, {"runtime"}, {"_device"},
     {"ops", "compile", "sanitizer", "distributed"}, {"compat", "testing", "conformance"},
     {"bench"}, {"tools"}, {"__init__", "__main__"},
 ]

@@ -74,19 +74,19 @@ def test_run_trains_a_torch_npu_script(tmp_path):
 
 
 def test_run_names_an_unsimulated_call(tmp_path):
-    """transfer_to_npu maps torch.cuda to the npu; a simulated fused operator runs and an unsimulated torch_npu
+    """transfer_to_npu runs "cuda" on the npu; a simulated fused operator runs and an unsimulated torch_npu
     operator stops the script naming the call."""
     script = tmp_path / "fused.py"
     script.write_text(textwrap.dedent("""
         import torch, torch_npu
         from torch_npu.contrib import transfer_to_npu  # noqa: F401
-        print("cuda is npu:", torch.cuda is torch.npu, torch.cuda.device_count())
+        print("cuda is npu:", torch.ones(1, device="cuda").device, torch.cuda.device_count())
         q = torch.ones(1, 2, 4, 8, device="npu")
         print("rms_norm:", tuple(torch_npu.npu_rms_norm(q, torch.ones(8, device="npu"))[0].shape))
         torch_npu.npu_dropout_with_add_softmax(q, q, 1.0, 0.1, -1)
     """))
     result = _run([sys.executable, "-m", "npusim", "run", str(script)], 120)
-    assert result.returncode != 0 and "cuda is npu: True 8" in result.stdout
+    assert result.returncode != 0 and "cuda is npu: npu:0 8" in result.stdout
     assert "rms_norm: (1, 2, 4, 8)" in result.stdout
     assert "torch_npu.npu_dropout_with_add_softmax is not simulated by npusim" in result.stderr
 

@@ -6,6 +6,7 @@ device timing (``use_device="npu"``), as PyTorch's OpenReg backend passes it."""
 from __future__ import annotations
 
 import json
+import time
 from pathlib import Path
 from typing import Any
 
@@ -33,6 +34,7 @@ def _trace(prof: Any, tmp_path: Path) -> list[dict[str, Any]]:
     return json.loads((tmp_path / "trace.json").read_text())["traceEvents"]
 
 
+@pytest.mark.asynchronous
 def test_device_tasks_are_device_activities_on_their_streams_with_modelled_duration():
     """A _foreach_copy_ chunk and a side-stream copy are PrivateUse1 events of their stream (device 0),
     lasting at least the timing model's 20 ms, ending after the host call that launched them returned."""
@@ -97,6 +99,7 @@ def test_chrome_trace_has_a_row_per_stream(tmp_path: Path):
     assert float(chunk["args"]["modelled us"]) == 1_000 and chunk["dur"] >= 1_000
 
 
+@pytest.mark.asynchronous
 @pytest.mark.parametrize("preset", ["training_soc", "inference_soc"])
 def test_sleep_is_a_device_activity_of_cycles_at_the_chip_clock(preset: str):
     """torch.npu._sleep(cycles) returns at once and is a device activity of the current stream lasting
@@ -169,7 +172,9 @@ def test_openreg_key_averages_logic_on_npu(capfd: pytest.CaptureFixture[str]):
 
 def test_openreg_elapsed_time_logic_on_npu():
     """autograd's profile(use_device="npu") over matmuls on a side stream: aten::mm's CPU time is
-    positive, and its device time (from events on the stream) is positive and within the profile."""
+    positive, and its device time (from events on the stream) is positive and within the profiled block
+    (the device may finish after the host's last op: compute is a stream task)."""
+    started = time.perf_counter()
     with autograd_profile(use_device="npu") as prof:
         stream = torch.Stream(device="npu")
         with stream:
@@ -178,11 +183,11 @@ def test_openreg_elapsed_time_logic_on_npu():
             for _ in range(10):
                 x = x @ y
         stream.synchronize()
+    span_us = (time.perf_counter() - started) * 1e6
     mm = [e for e in prof.function_events if e.name == "aten::mm"]
     assert len(mm) == 10
     assert sum(e.cpu_time_total for e in mm) > 0
-    span = max(e.time_range.end for e in prof.function_events) - min(e.time_range.start for e in prof.function_events)
-    assert all(0 < e.device_time_total <= span for e in mm)
+    assert all(0 < e.device_time_total <= span_us for e in mm)
 
 
 def _collective_job(rank: int, world: int) -> dict[str, Any]:

@@ -21,6 +21,7 @@ def slow_copies():
     return npusim.timing.model(copy_gbps=0.05)
 
 
+@pytest.mark.asynchronous
 def test_same_device_copy_returns_before_it_completes():
     """A same-device D2D copy_ is enqueued: the host returns first, synchronize shows the result."""
     src = torch.full((MIB,), 7.0, device="npu")
@@ -83,6 +84,7 @@ def test_wait_stream_orders_compute_after_side_stream():
     assert total == 5.0 * MIB
 
 
+@pytest.mark.asynchronous
 def test_event_query_synchronize_and_elapsed_time():
     """Events report pending work honestly and time it (timing model)."""
     a = torch.ones(4 * MIB, device="npu")
@@ -122,6 +124,7 @@ def test_generic_stream_event_and_accelerator_api():
     assert x.sum().item() == 20.0 and s.query()
 
 
+@pytest.mark.asynchronous
 def test_synchronize_timeout_names_stream():
     """A stream synchronize with a timeout raises an error naming the stream."""
     a = torch.ones(MIB, device="npu")
@@ -132,6 +135,7 @@ def test_synchronize_timeout_names_stream():
             torch.npu.synchronize_stream(torch.npu.current_stream(), timeout_s=0.001)
 
 
+@pytest.mark.asynchronous
 @pytest.mark.parametrize("non_blocking", [False, True])
 def test_host_to_device(non_blocking):
     """H2D: blocking waits; non_blocking enqueues; pageable sources are staged at call time."""
@@ -147,6 +151,7 @@ def test_host_to_device(non_blocking):
     assert dst.cpu().eq(2.0).all()
 
 
+@pytest.mark.asynchronous
 @pytest.mark.parametrize("non_blocking", [False, True])
 def test_device_to_host_pinned(non_blocking):
     """D2H into pinned memory: blocking waits; non_blocking is valid after synchronize."""
@@ -161,6 +166,7 @@ def test_device_to_host_pinned(non_blocking):
     assert dst.eq(4.0).all()
 
 
+@pytest.mark.asynchronous
 def test_pinned_source_is_read_by_the_stream_later():
     """A non_blocking H2D from pinned memory reads the source when the stream runs."""
     gate = torch.ones(4 * MIB, device="npu")
@@ -186,6 +192,7 @@ def test_overlapping_copy_is_rejected_like_cpu():
     assert torch.equal(y.cpu(), torch.arange(4.0))
 
 
+@pytest.mark.asynchronous
 def test_events_on_an_idle_stream_complete_on_the_host():
     """Note [Events on an idle stream]: a record on an idle stream and a wait for a completed event
     enqueue no task; on a busy stream both stay stream tasks, in order."""
@@ -246,13 +253,15 @@ def test_small_copies_on_an_idle_stream_are_done_by_the_caller():
     assert tasks() == before
     assert torch.equal(back, small)
     large = torch.zeros(64 * 1024 // 4 + 1, device="npu")  # just over 64 KiB
+    ones = torch.ones_like(large)
     torch.npu.synchronize()
     before = tasks()
-    large.copy_(torch.ones_like(large))
+    large.copy_(ones)
     assert tasks() == before + 1
     torch.npu.synchronize()
+    doubled = on_npu * 2
     with slow_copies():
-        copied.copy_(on_npu * 2)
+        copied.copy_(doubled)
         assert tasks() == before + 2
         torch.npu.synchronize()
     assert torch.equal(copied.cpu(), small * 2)

@@ -67,6 +67,7 @@ def test_float32_autocast_is_honoured():
         assert (a @ a).dtype == torch.float32  # matmul runs in the autocast dtype
 
 
+@pytest.mark.asynchronous
 def test_sleep_is_a_delay_task_on_the_current_stream():
     """_sleep(cycles) returns at once and holds the current stream cycles / clock_mhz microseconds."""
     stream = torch.npu.Stream()

@@ -10,8 +10,9 @@ table (docs/BENCHMARKS.md), with ``torch.utils.benchmark`` (warm-up,
   stream worker runs them meanwhile, as a device would;
 - the per-op cost of ``a.add(b)`` on 64 floats;
 - a training step of the demo model (TinyTransformer, dim 64) with the
-  default number of threads and with one; npu and CPU steps take turns (which
-  goes first alternates) and the medians become Measurements for Compare;
+  default number of threads and with one, and a dispatch-bound step (a small
+  MLP on a batch of 8); npu and CPU steps take turns (which goes first
+  alternates) and the medians become Measurements for Compare;
 - the first ``import npusim`` and the first process group of a fresh process.
 
 The FSDP2 step (npu+hccl vs CPU+gloo) has its own benchmark, ``bench fsdp-step``.
@@ -93,18 +94,12 @@ def _add_row(min_run_time: float) -> tuple[Row, list[benchmark.Measurement]]:
     return Row("per-op cost, a.add(b) on 64 floats", npu.median * 1e6, cpu.median * 1e6, "us", 1.3), [npu, cpu]
 
 
-def _train_step_fn(device: str) -> Callable[[], float]:
-    from npusim.testing.models import SEQ, VOCAB, demo_model
-
-    torch.manual_seed(0)
-    model = copy.deepcopy(demo_model()).to(device)
+def _training_step(model: torch.nn.Module, x: torch.Tensor, y: torch.Tensor, device: str) -> Callable[[], float]:
     opt = torch.optim.AdamW(model.parameters(), lr=1e-3)
-    gen = torch.Generator().manual_seed(0)
-    tokens = torch.randint(0, VOCAB, (8, SEQ), generator=gen)
-    x, y = tokens.to(device), tokens.roll(-1, 1).flatten().to(device)
+    x, y = x.to(device), y.to(device)
 
     def step() -> float:
-        loss = torch.nn.functional.cross_entropy(model(x).flatten(0, 1), y)
+        loss = torch.nn.functional.cross_entropy(model(x).flatten(0, -2), y)
         opt.zero_grad()
         loss.backward()
         opt.step()
@@ -113,24 +108,52 @@ def _train_step_fn(device: str) -> Callable[[], float]:
     return step
 
 
+def _demo_step_fn(device: str) -> Callable[[], float]:
+    """The demo model's step (TinyTransformer, dim 64)."""
+    from npusim.testing.models import SEQ, VOCAB, demo_model
+
+    torch.manual_seed(0)
+    gen = torch.Generator().manual_seed(0)
+    tokens = torch.randint(0, VOCAB, (8, SEQ), generator=gen)
+    return _training_step(copy.deepcopy(demo_model()).to(device), tokens, tokens.roll(-1, 1).flatten(), device)
+
+
+def _mlp_step_fn(device: str) -> Callable[[], float]:
+    """A dispatch-bound step: a small MLP (three layers of 256) on a batch of 8, where each op is small and
+    the per-op host cost dominates."""
+    torch.manual_seed(0)
+    model = torch.nn.Sequential(torch.nn.Linear(256, 256), torch.nn.ReLU(), torch.nn.Linear(256, 256),
+                                torch.nn.ReLU(), torch.nn.Linear(256, 10)).to(device)
+    gen = torch.Generator().manual_seed(0)
+    return _training_step(model, torch.randn(8, 256, generator=gen), torch.randint(0, 10, (8,), generator=gen), device)
+
+
+# (row name, sub-label, step factory, threads: None for the default count, goal)
+_STEPS = (
+    ("demo model training step", "TinyTransformer dim 64", _demo_step_fn, None, 1.0),
+    ("demo model training step", "TinyTransformer dim 64", _demo_step_fn, 1, 1.1),
+    ("dispatch-bound training step", "MLP 3x256, batch 8", _mlp_step_fn, None, 0.9),
+)
+
+
 def _train_rows(min_run_time: float) -> tuple[list[Row], list[benchmark.Measurement]]:
-    """The demo model's training step on npu and CPU, the two taking turns step by step (which
-    goes first alternates), so that both see the same machine load; medians after warm-up."""
+    """Training steps on npu and CPU, the two taking turns step by step (which goes first alternates), so
+    that both see the same machine load; medians after warm-up."""
     rows, measurements = [], []
     default_threads = torch.get_num_threads()
-    for threads in sorted({default_threads, 1}, reverse=True):
+    for what, sub, make_step, threads, goal in _STEPS:
+        threads = threads or default_threads
         torch.set_num_threads(threads)
-        steps = {"npu": _train_step_fn("npu"), "CPU": _train_step_fn("cpu")}
+        steps = {"npu": make_step("npu"), "CPU": make_step("cpu")}
         start = time.perf_counter()
         report.interleaved(steps, steps=3)  # warm-up, and the time one round takes
         rounds = max(10, int(min_run_time / ((time.perf_counter() - start) / 3)))
         times = report.interleaved(steps, steps=rounds)
         torch.set_num_threads(default_threads)
-        sub = f"TinyTransformer dim 64, {threads} thread(s)"
-        npu, cpu = (report.measurement(times[d], label="training step", sub_label=sub, description=d,
+        sub_label = f"{sub}, {threads} thread(s)"
+        npu, cpu = (report.measurement(times[d], label=what, sub_label=sub_label, description=d,
                                        num_threads=threads) for d in ("npu", "CPU"))
-        rows.append(Row(f"demo model training step, {threads} thread(s)", npu.median * 1e3, cpu.median * 1e3,
-                        "ms", 1.1))
+        rows.append(Row(f"{what}, {sub}, {threads} thread(s)", npu.median * 1e3, cpu.median * 1e3, "ms", goal))
         measurements += [npu, cpu]
     return rows, measurements
 
@@ -175,7 +198,7 @@ def run(args: argparse.Namespace) -> int:
     row, ms = _add_row(args.min_run_time)
     rows.append(row)
     measurements += ms
-    progress(4, total, "demo model training step, default threads and 1 thread")
+    progress(4, total, "training steps: demo model (default threads, 1 thread), dispatch-bound MLP")
     train_rows, ms = _train_rows(args.min_run_time)
     rows += train_rows
     measurements += ms

@@ -17,9 +17,9 @@ PyTorch's out-of-tree extension points live in ``torch._dynamo`` and
 3 s more for inductor's ``compile_fx`` on this kind of machine), against
 about 0.3 s for all of ``import npusim``. Most npusim users (eager training,
 FSDP2) never import either. So :func:`register` only asks to be told when
-they are imported: a one-shot ``sys.meta_path`` finder wraps the loader of
-``torch._dynamo`` (then registers the device interface) and of
-``torch._inductor.compile_fx`` (then registers the backend). Every
+they are imported (:func:`npusim._after_import.when_imported`): right after
+``torch._dynamo`` is executed it registers the device interface, and after
+``torch._inductor.compile_fx`` the backend. Every
 ``torch.compile`` imports both before it traces or generates code, so the
 registrations are always in place in time; when a module is already imported,
 its registration runs at once.
@@ -27,13 +27,10 @@ its registration runs at once.
 
 from __future__ import annotations
 
-import importlib.abc
-import importlib.machinery
-import importlib.util
-import sys
 import warnings
 from collections.abc import Callable
-from types import ModuleType
+
+from npusim._after_import import when_imported
 
 __all__ = ["register"]
 
@@ -50,33 +47,6 @@ def _register_inductor() -> None:
     register_inductor_backend()
 
 
-class _AfterImport(importlib.abc.MetaPathFinder):
-    """Runs ``callback`` once, right after the module ``name`` has been executed."""
-
-    def __init__(self, name: str, callback: Callable[[], None]) -> None:
-        self.name = name
-        self.callback = callback
-
-    def find_spec(self, fullname: str, path: object = None, target: ModuleType | None = None
-                  ) -> importlib.machinery.ModuleSpec | None:
-        if fullname != self.name:
-            return None
-        sys.meta_path.remove(self)  # one shot; the lookup below must not find us again
-        spec = importlib.util.find_spec(fullname)
-        if spec is None or spec.loader is None or not hasattr(spec.loader, "exec_module"):
-            return spec
-        loader = spec.loader
-        exec_module = loader.exec_module
-        callback = self.callback
-
-        def exec_then_register(module: ModuleType) -> None:
-            exec_module(module)
-            _run(callback)
-
-        loader.exec_module = exec_then_register  # type: ignore[method-assign]
-        return spec
-
-
 def _run(callback: Callable[[], None]) -> None:
     # A failed registration must not break torch.compile for other devices:
     # warn, and npu graphs then fail in inductor with its own error.
@@ -87,10 +57,7 @@ def _run(callback: Callable[[], None]) -> None:
 
 
 def _when_imported(name: str, callback: Callable[[], None]) -> None:
-    if name in sys.modules:
-        _run(callback)
-    else:
-        sys.meta_path.insert(0, _AfterImport(name, callback))
+    when_imported(name, lambda module: _run(callback))
 
 
 _registered = False

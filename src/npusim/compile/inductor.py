@@ -14,8 +14,9 @@ and ``register_device_op_overrides``):
 
 Note [Compiled code in stream order]
 ------------------------------------
-Eager npu compute (the boxed fallback) runs on the host, synchronously, after
-the current stream's earlier work. A compiled region keeps that contract:
+Eager npu compute is a stream task (Note [Compute on the stream]); a compiled
+region's C++ kernels are Python-callable functions, which a stream worker (it
+never takes the GIL) cannot call, so they run on the host, in stream order:
 
 - before each C++ kernel the wrapper calls ``wait_stream(device)``
   (:mod:`npusim.compile.generated_calls`), so the kernel never reads an input that a
@@ -24,7 +25,7 @@ the current stream's earlier work. A compiled region keeps that contract:
   the region's own eager calls (extern kernels, fallbacks, the ``copy_`` of a
   mutated input) may queue work on the stream between two kernels. An idle
   stream costs one query (about 2 us here);
-- extern kernels (``mm``, fallbacks) are npu ops and order themselves;
+- extern kernels (``mm``, fallbacks) are npu ops: stream tasks like any eager op;
 - buffers are allocated with ``empty_strided(..., device='npu:<i>')``: the npu
   allocator, counted in ``torch.npu.memory_allocated``, freed stream-ordered,
   on the inputs' device whatever the current device is. Inductor emits no

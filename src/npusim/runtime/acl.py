@@ -97,14 +97,11 @@ host_memory_stats: Callable[[], dict[str, int]] = C.host_memory_stats
 set_timing_model: Callable[[float, float, float], None] = C.set_timing_model
 timing_model: Callable[[], tuple[float, float, float]] = C.timing_model
 
-
-def set_compute_cost(cost: Callable[[str, str, list[Any], list[Any]], float] | None) -> None:
-    """Installs the compute-cost hook fn(name, overload, meta_inputs, meta_outputs) -> us; None removes it.
-
-    Compute ops are not stream tasks in this core yet (issue 22), so there is nothing to time."""
-    if cost is not None:
-        raise RuntimeError("npusim timing model: compute=True needs compute ops to be stream tasks, "
-                           "which this device core does not make them yet")
+# The compute-cost hook (csrc/aten/op_launch.h): fn(name, overload, meta_inputs, meta_outputs) -> the
+# task's duration in microseconds, called at the launch of every compute task on the launching thread
+# with the op's arguments and results as Meta tensors (devices as "meta"); None removes it. While one is
+# installed no compute op is done on the host (Note [Work on an idle stream]).
+set_compute_cost: Callable[[Callable[[str, str, list[Any], list[Any]], float] | None], None] = C.set_compute_cost
 
 # ---- random numbers ---------------------------------------------------------
 

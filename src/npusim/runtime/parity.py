@@ -73,7 +73,11 @@ FRAMEWORK_PROVIDED: dict[str, str] = {
     "torch_npu._C._npu_sleep": "torch.npu._sleep",
     "torch_npu._inductor": "imports dynamo and inductor, so npusim's inductor backend is registered "
                            "(torchtitan-npu's compile path)",
-    "torch_npu.contrib.transfer_to_npu": "torch.cuda names torch.npu (MindSpeed's megatron adaptor)",
+    "torch_npu.contrib.transfer_to_npu": "CUDA-written code on the npu: cuda devices, torch.cuda's names, nccl "
+                                         "as hccl (MindSpeed's megatron adaptor, CUDA scripts)",
+    "torch_npu.npu_fusion_attention": "op-plugin's fused attention, npusim.ops.fused (transformers' NPU flash "
+                                      "attention, torchtitan-npu, MindSpeed)",
+    "torch_npu.npu_rms_norm": "op-plugin's RMSNorm, npusim.ops.fused (torchtitan-npu's converter, MindSpeed)",
     "torch_npu.testing.testcase.TestCase": "torch_npu's test case (op-plugin's and torch_npu's test files)",
     "torch_npu.testing.testcase.run_tests": "unittest.main",
     "torch_npu.testing.common_utils.SupportedDevices": "skips unless the simulated SoC is listed",
@@ -96,8 +100,6 @@ FRAMEWORK_PROVIDED: dict[str, str] = {
 }
 
 FRAMEWORK_REFUSED: dict[str, str] = {
-    "torch_npu.npu_fusion_attention": "op-plugin fused operator: provided only once npusim.ops.fused simulates it "
-                                      "(transformers' NPU flash attention, torchtitan-npu)",
     "torch_npu.npu_quant_matmul": "quantized matmul: no quantized kernels (torchtitan-npu, MindSpeed)",
     "torch_npu.npu_dynamic_mx_quant": "MX quantization: no such kernels (torchtitan-npu)",
     "torch_npu.hifloat8": "a CANN-only dtype; PyTorch has no such dtype to simulate it with (MindSpeed, "

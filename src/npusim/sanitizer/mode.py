@@ -1,9 +1,10 @@
 """The sanitizer's view of operations: a TorchDispatchMode that turns each op into stream accesses.
 
 Every op on npu tensors is an operation on the current stream of their device
-(CUDA's model; npusim may run compute on the host, but only as the stream's
-next operation): it reads the arguments its schema does not mark as written
-and writes the others and its fresh outputs. Copies follow npusim's copy
+(CUDA's model, and npusim's: a compute op is a task on that stream, or work
+the host does in its place when the stream is idle, Note [Compute on the
+stream]): it reads the arguments its schema does not mark as written and
+writes the others and its fresh outputs. Copies follow npusim's copy
 rules (SPEC.md section 3), which decide which stream a copy is on and when the
 host waits for it; ``_local_scalar_dense`` (``item()``) and blocking
 device-to-host copies are host reads. View and metadata ops touch no memory.

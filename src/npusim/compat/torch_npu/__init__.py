@@ -140,10 +140,9 @@ def install() -> ModuleType:
 def uninstall() -> None:
     """Removes npusim's torch_npu, its finder and the children's startup path, and undoes
     ``transfer_to_npu`` (tests)."""
-    import torch
+    from npusim.compat import transfer_to_npu
 
-    if torch.cuda is torch.npu:
-        torch.cuda = sys.modules["torch.cuda"]  # type: ignore[assignment]
+    transfer_to_npu.uninstall()
     for name in [n for n in sys.modules if n == "torch_npu" or n.startswith("torch_npu.")]:
         del sys.modules[name]
     if _finder in sys.meta_path:

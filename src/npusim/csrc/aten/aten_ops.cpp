@@ -51,8 +51,14 @@ at::Tensor empty_strided(c10::IntArrayRef size, c10::IntArrayRef stride,
 const at::Tensor& resize_(const at::Tensor& self, c10::IntArrayRef size,
     std::optional<c10::MemoryFormat> memory_format) {
   const c10::DeviceGuard guard(self.device());
-  // Growing copies the old bytes on the host: queued writes must land first.
-  wait_current_stream_idle(self.device().index());
+  // Growing keeps the old bytes: they are copied in stream order, after the
+  // queued work that may still write them (resize_storage_bytes), so that
+  // at::native::resize_ finds the storage big enough and copies nothing.
+  const size_t needed = at::detail::computeStorageNbytesContiguous(size, self.dtype().itemsize(),
+      static_cast<size_t>(self.storage_offset()));
+  if (self.storage() && self.storage().resizable() && needed > self.storage().nbytes()) {
+    resize_storage_bytes(self.storage(), needed);
+  }
   return at::native::resize_(self, size, memory_format);
 }
 

@@ -9,6 +9,7 @@
 #include "../runtime/event.h"
 #include "../runtime/host_allocator.h"
 #include "../runtime/stream.h"
+#include "../runtime/timing.h"
 
 #include <ATen/detail/PrivateUse1HooksInterface.h>
 #include <c10/core/DeviceCapability.h>
@@ -186,8 +187,15 @@ void resize_storage_bytes(const c10::Storage& storage, size_t newsize) {
   c10::DataPtr fresh = allocate_device(device, newsize);
   const size_t keep = std::min(old_size, newsize);
   if (keep > 0) {
-    wait_current_stream_idle(device);  // queued work may still write the old bytes
-    std::memcpy(fresh.get(), impl->data(), keep);
+    // Queued work may still write the old bytes: they are copied in stream order.
+    void* const dst = fresh.get();
+    const void* const src = impl->data();
+    NpuStream& stream = current_stream(device);
+    if (done_on_the_host_now(stream) && copy_task_us(keep) == 0.0) {
+      std::memcpy(dst, src, keep);  // Note [Work on an idle stream]
+    } else {
+      stream.enqueue([dst, src, keep] { std::memcpy(dst, src, keep); }, copy_task_us(keep), "resize_copy");
+    }
   }
   // The old block is released once no stream can touch it (Note [Stream-ordered free]).
   impl->set_data_ptr_noswap(std::move(fresh));

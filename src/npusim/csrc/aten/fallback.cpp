@@ -3,9 +3,11 @@
 // current stream's earlier work.
 #include "fallback.h"
 
+#include "cpu_aliases.h"
 #include "fallback_call.h"
 #include "generator.h"
 #include "host_transfer.h"
+#include "op_launch.h"
 #include "../runtime/device_allocator.h"
 #include "../runtime/stream.h"
 
@@ -67,109 +69,7 @@ namespace npusim {
 // release (the caching allocator's lock and statistics), the result's
 // conversion (0.6k) and the stream check.
 
-// Note [Reused CPU aliases]
-// Each npu tensor argument needs a CPU TensorImpl and StorageImpl over its
-// memory for the CPU kernel; making and destroying them (two allocations,
-// the TensorImpl constructor's key-set and contiguity work, the frees) was a
-// large part of the fallback's own cost. A thread keeps the aliases of its
-// recent calls and resets one that nothing else refers to (use count 1, the
-// pool's own) for the next argument: its storage is pointed at the new
-// memory and its dtype, sizes, strides, offset and conjugate and negative
-// bits are set as a fresh alias's would be (only what differs: the same
-// tensors tend to come back with the same shapes). An alias that something
-// still holds, that Python has seen, whose metadata was frozen, or of the
-// other inference mode is left alone, and a fresh one is made.
-
-namespace {
-
-// ---- reused CPU aliases ---------------------------------------------------
-
-class AliasPool {
- public:
-  // A CPU tensor like `t` over `shared` (the alias storage another argument
-  // of the call already made for t's storage) or else over t's memory.
-  at::Tensor take(const at::Tensor& t, const c10::Storage* shared) {
-    if (t.unsafeGetTensorImpl()->is_wrapped_number()) {
-      // Rare on npu (Python numbers become CPU tensors); the flag can only
-      // be changed on a 0-dim tensor, so these are not pooled.
-      return shared != nullptr ? cpu_alias_over(t, *shared) : cpu_alias(t);
-    }
-    for (at::Tensor& pooled : tensors_) {
-      if (reusable(pooled)) {
-        reset(pooled, t, shared);
-        return pooled;
-      }
-    }
-    at::Tensor fresh = shared != nullptr ? cpu_alias_over(t, *shared) : cpu_alias(t);
-    if (tensors_.size() < kSize) {
-      tensors_.push_back(fresh);
-    }
-    return fresh;
-  }
-
- private:
-  static constexpr size_t kSize = 8;
-
-  static bool reusable(const at::Tensor& pooled) {
-    const c10::TensorImpl* impl = pooled.unsafeGetTensorImpl();
-    // A Python object of the alias (a CPU kernel written in Python saw it)
-    // may outlive the call with attributes of its own: such an alias is not
-    // reused.
-    return pooled.use_count() == 1 && pooled.weak_use_count() == 1 && impl->allow_tensor_metadata_change() &&
-        impl->autograd_meta() == nullptr && impl->pyobj_slot()->load_pyobj() == nullptr &&
-        pooled.is_inference() == c10::InferenceMode::is_enabled();
-  }
-
-  // Makes `pooled` an alias of `t`, touching only what differs: the same
-  // tensors (weights, activations) tend to come back with the same shapes.
-  static void reset(at::Tensor& pooled, const at::Tensor& t, const c10::Storage* shared) {
-    c10::TensorImpl* impl = pooled.unsafeGetTensorImpl();
-    if (shared != nullptr) {
-      if (impl->storage().unsafeGetStorageImpl() != shared->unsafeGetStorageImpl() || pooled.dtype() != t.dtype()) {
-        impl->set_storage_and_dtype(*shared, t.dtype());
-      }
-    } else if (impl->storage().use_count() == 1 &&
-        impl->storage().unsafeGetStorageImpl()->pyobj_slot()->load_pyobj() == nullptr) {
-      // its own storage, which nothing else has seen: point it at t's memory
-      c10::StorageImpl* cpu = impl->storage().unsafeGetStorageImpl();
-      c10::StorageImpl* device_storage = t.storage().unsafeGetStorageImpl();
-      void* const data = device_storage->mutable_data();
-      if (cpu->data_ptr().get() != data || cpu->nbytes() != device_storage->nbytes() || !cpu->resizable()) {
-        cpu->set_data_ptr_noswap(c10::DataPtr(data, c10::Device(c10::DeviceType::CPU)));
-        cpu->set_nbytes(device_storage->nbytes());
-        cpu->set_allocator(c10::GetCPUAllocator());
-        cpu->set_resizable(true);
-      }
-      if (pooled.dtype() != t.dtype()) {
-        impl->set_storage_and_dtype(impl->storage(), t.dtype());
-      }
-    } else {
-      impl->set_storage_and_dtype(cpu_storage_over(t.storage()), t.dtype());
-    }
-    if (!impl->sizes().equals(t.sizes()) || !impl->strides().equals(t.strides()) ||
-        impl->storage_offset() != t.storage_offset()) {
-      impl->set_sizes_and_strides(t.sizes(), t.strides(), t.storage_offset());
-    }
-    if (pooled.is_conj() != t.is_conj()) {
-      impl->_set_conj(t.is_conj());
-    }
-    if (pooled.is_neg() != t.is_neg()) {
-      impl->_set_neg(t.is_neg());
-    }
-  }
-
-  c10::SmallVector<at::Tensor, kSize> tensors_;
-};
-
-thread_local AliasPool tls_alias_pool;
-
-std::atomic<OpCaptureHook> g_op_capture_hook{nullptr};
-
-}  // namespace
-
-void set_op_capture_hook(OpCaptureHook hook) {
-  g_op_capture_hook.store(hook, std::memory_order_release);
-}
+// Note [Reused CPU aliases] is in cpu_aliases.cpp.
 
 // ---- one call -----------------------------------------------------------------
 
@@ -200,7 +100,7 @@ at::Tensor FallbackCall::alias(const at::Tensor& t, Use use) {
       break;
     }
   }
-  at::Tensor cpu_tensor = tls_alias_pool.take(t, shared != nullptr ? &shared->cpu : nullptr);
+  at::Tensor cpu_tensor = take_cpu_alias(AliasSource::of(t), shared != nullptr ? &shared->cpu : nullptr);
   if (shared == nullptr) {
     const c10::Storage& cpu = cpu_tensor.storage();
     storages_.push_back(StorageEntry{key, cpu, cpu.data(), written});
@@ -316,12 +216,10 @@ at::Tensor FallbackCall::back(const at::Tensor& t) {
 // ---- the boxed fallback ---------------------------------------------------------
 
 void npu_fallback(const c10::OperatorHandle& op, torch::jit::Stack* stack) {
-  if (C10_UNLIKELY(any_stream_capturing())) {
-    const OpCaptureHook capture = g_op_capture_hook.load(std::memory_order_acquire);
-    if (capture != nullptr && capture(op, stack)) {
-      return;  // recorded into the npu graph capturing the op's stream
-    }
+  if (launch_boxed(op, stack)) {
+    return;  // a task on the op's stream (or recorded by the graph capturing it): Note [Compute on the stream]
   }
+  // On the host, after the stream's earlier work.
   const auto& schema = op.schema();
   const size_t num_args = schema.arguments().size();
   const size_t first = stack->size() - num_args;

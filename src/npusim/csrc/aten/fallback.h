@@ -12,17 +12,11 @@
 namespace npusim {
 
 // Runs `op` with PyTorch's CPU kernel on CPU views of the npu arguments on
-// `stack`, after the current stream's earlier work, and leaves npu results
-// on the stack. Enforces CUDA's device rules; see Note [Device rules of the
-// fallback].
+// `stack` and leaves npu results on the stack: as a task on the current
+// stream of its npu (Note [Compute on the stream]), or on the host after the
+// stream's earlier work. Enforces CUDA's device rules; see Note [Device rules
+// of the fallback].
 void npu_fallback(const c10::OperatorHandle& op, torch::jit::Stack* stack);
-
-// What the boxed fallback asks first while any stream is being captured:
-// record `op` into the capture of its stream instead of running it, leaving
-// the outputs on the stack; false (stack untouched) when its stream is not
-// captured. The graph installs it (Note [NPU graph capture]); null: none.
-using OpCaptureHook = bool (*)(const c10::OperatorHandle& op, torch::jit::Stack* stack);
-void set_op_capture_hook(OpCaptureHook hook);
 
 // Registers the fallback as the npu kernel of every aten op whose npu slot
 // would otherwise hold a composite kernel where CPU has a kernel of its own

@@ -5,6 +5,8 @@
 #include "fallback.h"
 
 #include "fallback_call.h"
+#include "op_launch.h"
+#include "unboxed_launch.h"
 
 #include <ATen/core/boxing/impl/boxing.h>
 #include <ATen/core/dispatch/Dispatcher.h>
@@ -45,6 +47,43 @@
 #include <ATen/ops/tanh_backward_ops.h>
 #include <ATen/ops/tanh_ops.h>
 #include <ATen/ops/threshold_backward_ops.h>
+#include <ATen/ops/_log_softmax_meta_dispatch.h>
+#include <ATen/ops/_log_softmax_backward_data_meta_dispatch.h>
+#include <ATen/ops/_softmax_meta_dispatch.h>
+#include <ATen/ops/_softmax_backward_data_meta_dispatch.h>
+#include <ATen/ops/add_meta_dispatch.h>
+#include <ATen/ops/addcdiv_meta_dispatch.h>
+#include <ATen/ops/addcmul_meta_dispatch.h>
+#include <ATen/ops/addmm_meta_dispatch.h>
+#include <ATen/ops/amax_meta_dispatch.h>
+#include <ATen/ops/bmm_meta_dispatch.h>
+#include <ATen/ops/clamp_meta_dispatch.h>
+#include <ATen/ops/div_meta_dispatch.h>
+#include <ATen/ops/eq_meta_dispatch.h>
+#include <ATen/ops/exp_meta_dispatch.h>
+#include <ATen/ops/gelu_meta_dispatch.h>
+#include <ATen/ops/gelu_backward_meta_dispatch.h>
+#include <ATen/ops/gt_meta_dispatch.h>
+#include <ATen/ops/log_meta_dispatch.h>
+#include <ATen/ops/lt_meta_dispatch.h>
+#include <ATen/ops/maximum_meta_dispatch.h>
+#include <ATen/ops/mean_meta_dispatch.h>
+#include <ATen/ops/mm_meta_dispatch.h>
+#include <ATen/ops/mul_meta_dispatch.h>
+#include <ATen/ops/ne_meta_dispatch.h>
+#include <ATen/ops/neg_meta_dispatch.h>
+#include <ATen/ops/pow_meta_dispatch.h>
+#include <ATen/ops/rsqrt_meta_dispatch.h>
+#include <ATen/ops/sigmoid_meta_dispatch.h>
+#include <ATen/ops/sigmoid_backward_meta_dispatch.h>
+#include <ATen/ops/silu_meta_dispatch.h>
+#include <ATen/ops/silu_backward_meta_dispatch.h>
+#include <ATen/ops/sqrt_meta_dispatch.h>
+#include <ATen/ops/sub_meta_dispatch.h>
+#include <ATen/ops/sum_meta_dispatch.h>
+#include <ATen/ops/tanh_meta_dispatch.h>
+#include <ATen/ops/tanh_backward_meta_dispatch.h>
+#include <ATen/ops/threshold_backward_meta_dispatch.h>
 #include <torch/library.h>
 
 #include <array>
@@ -171,22 +210,57 @@ struct CpuArg<const std::optional<at::Tensor>&> {
   }
 };
 
-template <class Op, class Sig = typename Op::schema>
+// The op's npu and the elements of its npu tensor arguments: what
+// compute_on_the_host_now decides on.
+struct LaunchSize {
+  c10::DeviceIndex device = -1;
+  int64_t numel = 0;
+  void add(const at::Tensor& t) {
+    if (t.defined() && t.device().type() == kNpu) {
+      if (device < 0) {
+        device = t.device().index();
+      }
+      numel += t.numel();
+    }
+  }
+  void add(const std::optional<at::Tensor>& t) {
+    if (t.has_value()) {
+      add(*t);
+    }
+  }
+  template <class T>
+  void add(const T&) {}
+};
+
+template <class Op, class OutOp, class MetaFn, class Sig = typename Op::schema>
 struct UnboxedFallback;
 
-template <class Op, class R, class... Args>
-struct UnboxedFallback<Op, R(Args...)> {
+template <class Op, class OutOp, class MetaFn, class R, class... Args>
+struct UnboxedFallback<Op, OutOp, MetaFn, R(Args...)> {
   static_assert(std::is_same_v<R, at::Tensor> || std::is_same_v<R, at::Tensor&>,
       "unboxed fallback kernels return one tensor");
 
   static R call(c10::DispatchKeySet keys, Args... args) {
     const c10::OperatorHandle& op = handle();
-    if (C10_UNLIKELY(any_stream_capturing())) {
-      return c10::impl::BoxedKernelWrapper<R(Args...)>::call(
-          c10::BoxedKernel::makeFromFunction<&npu_fallback>(), op, keys, args...);
+    LaunchSize work;
+    (work.add(args), ...);
+    if (C10_UNLIKELY(any_stream_capturing() || compute_cost_hook() != nullptr)) {
+      return boxed(keys, args...);  // recorded by a capture, or given to the cost hook
     }
-    FallbackCall call(op);
-    return run(call, std::index_sequence_for<Args...>{}, args...);
+    if (compute_on_the_host_now(current_stream(work.device < 0 ? current_device() : work.device), work.numel)) {
+      FallbackCall call(op);
+      return run(call, std::index_sequence_for<Args...>{}, args...);
+    }
+    // A stream task: Note [Compute on the stream].
+    at::Tensor result;
+    if (!launch_unboxed<Op, OutOp, MetaFn, Args...>(op, name(), uses(), &result, args...)) {
+      return boxed(keys, args...);  // a plan the unboxed launch does not take, or a host run
+    }
+    if constexpr (std::is_same_v<R, at::Tensor&>) {
+      return std::get<0>(std::forward_as_tuple(args...));  // an in-place op returns its self
+    } else {
+      return result;
+    }
   }
 
   static const c10::OperatorHandle& handle() {
@@ -196,18 +270,32 @@ struct UnboxedFallback<Op, R(Args...)> {
   }
 
  private:
-  template <size_t... I>
-  static R run(FallbackCall& call, std::index_sequence<I...>, Args... args) {
-    static const std::array<Use, sizeof...(Args)> uses = [] {
+  static R boxed(c10::DispatchKeySet keys, Args... args) {
+    return c10::impl::BoxedKernelWrapper<R(Args...)>::call(
+        c10::BoxedKernel::makeFromFunction<&npu_fallback>(), handle(), keys, args...);
+  }
+
+  static const char* name() {
+    static const char* const interned = interned_op_name(handle());
+    return interned;
+  }
+
+  static const std::array<Use, sizeof...(Args)>& uses() {
+    static const std::array<Use, sizeof...(Args)> table = [] {
       std::array<Use, sizeof...(Args)> out{};
       for (size_t i = 0; i < out.size(); ++i) {
         out[i] = FallbackCall::use_of(handle().schema().arguments()[i]);
       }
       return out;
     }();
+    return table;
+  }
+
+  template <size_t... I>
+  static R run(FallbackCall& call, std::index_sequence<I...>, Args... args) {
     // Braces: the aliases are made in argument order, as the boxed fallback
     // makes them, so the device errors name the same devices.
-    std::tuple<typename CpuArg<Args>::type...> cpu{CpuArg<Args>::get(call, args, uses[I])...};
+    std::tuple<typename CpuArg<Args>::type...> cpu{CpuArg<Args>::get(call, args, uses()[I])...};
     auto out = call.run([&] {
       return Op::redispatch(c10::DispatchKeySet(c10::DispatchKey::CPU), std::get<I>(cpu)...);
     });
@@ -224,42 +312,69 @@ struct UnboxedKernel {
   bool in_place;  // writes and returns its first argument
 };
 
-template <class Op>
+// Op's unboxed kernel; OutOp (or void) its out= variant, MetaFn its C++ meta function.
+template <class Op, class OutOp, class MetaFn>
 UnboxedKernel unboxed() {
   using R = c10::guts::infer_function_traits_t<typename Op::schema>::return_type;
-  return UnboxedKernel{[] { return torch::CppFunction(TORCH_FN(&UnboxedFallback<Op>::call)); },
+  return UnboxedKernel{[] { return torch::CppFunction(TORCH_FN((&UnboxedFallback<Op, OutOp, MetaFn>::call))); },
       std::is_same_v<R, at::Tensor&>};
 }
+
+// The type of a call of at::meta::fn (the op's structured meta function).
+#define NPUSIM_META(fn) decltype([](auto&... a) -> at::Tensor { return at::meta::fn(a...); })
 
 // The hottest routed ops, by name; see Note [Unboxed fallback kernels].
 const std::unordered_map<std::string, UnboxedKernel>& unboxed_kernels() {
   namespace ops = at::_ops;
   static const std::unordered_map<std::string, UnboxedKernel> kernels = {
-      {"aten::add.Tensor", unboxed<ops::add_Tensor>()}, {"aten::add_.Tensor", unboxed<ops::add__Tensor>()},
-      {"aten::sub.Tensor", unboxed<ops::sub_Tensor>()}, {"aten::sub_.Tensor", unboxed<ops::sub__Tensor>()},
-      {"aten::mul.Tensor", unboxed<ops::mul_Tensor>()}, {"aten::mul_.Tensor", unboxed<ops::mul__Tensor>()},
-      {"aten::div.Tensor", unboxed<ops::div_Tensor>()}, {"aten::div_.Tensor", unboxed<ops::div__Tensor>()},
-      {"aten::addcmul", unboxed<ops::addcmul>()}, {"aten::addcmul_", unboxed<ops::addcmul_>()},
-      {"aten::addcdiv", unboxed<ops::addcdiv>()}, {"aten::addcdiv_", unboxed<ops::addcdiv_>()},
-      {"aten::neg", unboxed<ops::neg>()}, {"aten::exp", unboxed<ops::exp>()}, {"aten::log", unboxed<ops::log>()},
-      {"aten::sqrt", unboxed<ops::sqrt>()}, {"aten::rsqrt", unboxed<ops::rsqrt>()},
-      {"aten::pow.Tensor_Scalar", unboxed<ops::pow_Tensor_Scalar>()},
-      {"aten::maximum", unboxed<ops::maximum>()}, {"aten::clamp", unboxed<ops::clamp>()},
-      {"aten::eq.Tensor", unboxed<ops::eq_Tensor>()}, {"aten::eq.Scalar", unboxed<ops::eq_Scalar>()},
-      {"aten::ne.Scalar", unboxed<ops::ne_Scalar>()}, {"aten::gt.Scalar", unboxed<ops::gt_Scalar>()},
-      {"aten::lt.Scalar", unboxed<ops::lt_Scalar>()},
-      {"aten::sigmoid", unboxed<ops::sigmoid>()}, {"aten::sigmoid_backward", unboxed<ops::sigmoid_backward>()},
-      {"aten::tanh", unboxed<ops::tanh>()}, {"aten::tanh_backward", unboxed<ops::tanh_backward>()},
-      {"aten::gelu", unboxed<ops::gelu>()}, {"aten::gelu_backward", unboxed<ops::gelu_backward>()},
-      {"aten::silu", unboxed<ops::silu>()}, {"aten::silu_backward", unboxed<ops::silu_backward>()},
-      {"aten::threshold_backward", unboxed<ops::threshold_backward>()},
-      {"aten::mm", unboxed<ops::mm>()}, {"aten::bmm", unboxed<ops::bmm>()}, {"aten::addmm", unboxed<ops::addmm>()},
-      {"aten::sum.dim_IntList", unboxed<ops::sum_dim_IntList>()}, {"aten::mean.dim", unboxed<ops::mean_dim>()},
-      {"aten::amax", unboxed<ops::amax>()},
-      {"aten::_softmax", unboxed<ops::_softmax>()},
-      {"aten::_softmax_backward_data", unboxed<ops::_softmax_backward_data>()},
-      {"aten::_log_softmax", unboxed<ops::_log_softmax>()},
-      {"aten::_log_softmax_backward_data", unboxed<ops::_log_softmax_backward_data>()},
+      {"aten::add.Tensor", unboxed<ops::add_Tensor, ops::add_out, NPUSIM_META(add)>()},
+      {"aten::add_.Tensor", unboxed<ops::add__Tensor, void, NPUSIM_META(add_)>()},
+      {"aten::sub.Tensor", unboxed<ops::sub_Tensor, ops::sub_out, NPUSIM_META(sub)>()},
+      {"aten::sub_.Tensor", unboxed<ops::sub__Tensor, void, NPUSIM_META(sub_)>()},
+      {"aten::mul.Tensor", unboxed<ops::mul_Tensor, ops::mul_out, NPUSIM_META(mul)>()},
+      {"aten::mul_.Tensor", unboxed<ops::mul__Tensor, void, NPUSIM_META(mul_)>()},
+      {"aten::div.Tensor", unboxed<ops::div_Tensor, ops::div_out, NPUSIM_META(div)>()},
+      {"aten::div_.Tensor", unboxed<ops::div__Tensor, void, NPUSIM_META(div_)>()},
+      {"aten::addcmul", unboxed<ops::addcmul, ops::addcmul_out, NPUSIM_META(addcmul)>()},
+      {"aten::addcmul_", unboxed<ops::addcmul_, void, NPUSIM_META(addcmul_)>()},
+      {"aten::addcdiv", unboxed<ops::addcdiv, ops::addcdiv_out, NPUSIM_META(addcdiv)>()},
+      {"aten::addcdiv_", unboxed<ops::addcdiv_, void, NPUSIM_META(addcdiv_)>()},
+      {"aten::neg", unboxed<ops::neg, ops::neg_out, NPUSIM_META(neg)>()},
+      {"aten::exp", unboxed<ops::exp, ops::exp_out, NPUSIM_META(exp)>()},
+      {"aten::log", unboxed<ops::log, ops::log_out, NPUSIM_META(log)>()},
+      {"aten::sqrt", unboxed<ops::sqrt, ops::sqrt_out, NPUSIM_META(sqrt)>()},
+      {"aten::rsqrt", unboxed<ops::rsqrt, ops::rsqrt_out, NPUSIM_META(rsqrt)>()},
+      {"aten::pow.Tensor_Scalar", unboxed<ops::pow_Tensor_Scalar, ops::pow_Tensor_Scalar_out, NPUSIM_META(pow)>()},
+      {"aten::maximum", unboxed<ops::maximum, ops::maximum_out, NPUSIM_META(maximum)>()},
+      {"aten::clamp", unboxed<ops::clamp, ops::clamp_out, NPUSIM_META(clamp)>()},
+      {"aten::eq.Tensor", unboxed<ops::eq_Tensor, ops::eq_Tensor_out, NPUSIM_META(eq)>()},
+      {"aten::eq.Scalar", unboxed<ops::eq_Scalar, ops::eq_Scalar_out, NPUSIM_META(eq)>()},
+      {"aten::ne.Scalar", unboxed<ops::ne_Scalar, ops::ne_Scalar_out, NPUSIM_META(ne)>()},
+      {"aten::gt.Scalar", unboxed<ops::gt_Scalar, ops::gt_Scalar_out, NPUSIM_META(gt)>()},
+      {"aten::lt.Scalar", unboxed<ops::lt_Scalar, ops::lt_Scalar_out, NPUSIM_META(lt)>()},
+      {"aten::sigmoid", unboxed<ops::sigmoid, ops::sigmoid_out, NPUSIM_META(sigmoid)>()},
+      {"aten::sigmoid_backward",
+          unboxed<ops::sigmoid_backward, ops::sigmoid_backward_grad_input, NPUSIM_META(sigmoid_backward)>()},
+      {"aten::tanh", unboxed<ops::tanh, ops::tanh_out, NPUSIM_META(tanh)>()},
+      {"aten::tanh_backward", unboxed<ops::tanh_backward, ops::tanh_backward_grad_input, NPUSIM_META(tanh_backward)>()},
+      {"aten::gelu", unboxed<ops::gelu, ops::gelu_out, NPUSIM_META(gelu)>()},
+      {"aten::gelu_backward", unboxed<ops::gelu_backward, ops::gelu_backward_grad_input, NPUSIM_META(gelu_backward)>()},
+      {"aten::silu", unboxed<ops::silu, ops::silu_out, NPUSIM_META(silu)>()},
+      {"aten::silu_backward", unboxed<ops::silu_backward, ops::silu_backward_grad_input, NPUSIM_META(silu_backward)>()},
+      {"aten::threshold_backward",
+          unboxed<ops::threshold_backward, ops::threshold_backward_grad_input, NPUSIM_META(threshold_backward)>()},
+      {"aten::mm", unboxed<ops::mm, ops::mm_out, NPUSIM_META(mm)>()},
+      {"aten::bmm", unboxed<ops::bmm, ops::bmm_out, NPUSIM_META(bmm)>()},
+      {"aten::addmm", unboxed<ops::addmm, ops::addmm_out, NPUSIM_META(addmm)>()},
+      {"aten::sum.dim_IntList", unboxed<ops::sum_dim_IntList, ops::sum_IntList_out, NPUSIM_META(sum)>()},
+      {"aten::mean.dim", unboxed<ops::mean_dim, ops::mean_out, NPUSIM_META(mean)>()},
+      {"aten::amax", unboxed<ops::amax, ops::amax_out, NPUSIM_META(amax)>()},
+      {"aten::_softmax", unboxed<ops::_softmax, ops::_softmax_out, NPUSIM_META(_softmax)>()},
+      {"aten::_softmax_backward_data",
+          unboxed<ops::_softmax_backward_data, ops::_softmax_backward_data_out, NPUSIM_META(_softmax_backward_data)>()},
+      {"aten::_log_softmax", unboxed<ops::_log_softmax, ops::_log_softmax_out, NPUSIM_META(_log_softmax)>()},
+      {"aten::_log_softmax_backward_data", unboxed<ops::_log_softmax_backward_data,
+          ops::_log_softmax_backward_data_out, NPUSIM_META(_log_softmax_backward_data)>()},
   };
   return kernels;
 }

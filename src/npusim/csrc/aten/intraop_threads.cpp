@@ -19,6 +19,12 @@
 // the two differ. In the steady state that is one OpenMP query and one
 // relaxed atomic load per op. A program whose threads use different counts
 // makes the backward follow the thread that ran an npu op last.
+//
+// Now that npu kernels run on the stream workers (Note [Compute on the
+// stream]), a worker is in the same place as autograd's thread: its team
+// size was fixed when it started. Each op follows the user's count on the
+// host as before (recording it) and the worker applies the recorded count
+// before it runs a kernel.
 #include "intraop_threads.h"
 
 #include <ATen/Parallel.h>
@@ -42,6 +48,13 @@ void follow_user_intraop_threads() {
   if (torch::autograd::get_current_node() == nullptr) {
     g_user_threads.store(mine, std::memory_order_relaxed);
   } else if (user > 0) {
+    at::set_num_threads(user);
+  }
+}
+
+void apply_user_intraop_threads() {
+  const int user = g_user_threads.load(std::memory_order_relaxed);
+  if (user > 0 && at::get_num_threads() != user) {
     at::set_num_threads(user);
   }
 }

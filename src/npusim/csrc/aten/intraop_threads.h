@@ -9,4 +9,9 @@ namespace npusim {
 // one it applies the recorded count to the calling thread when they differ.
 void follow_user_intraop_threads();
 
+// Called by a stream worker before it runs an op's CPU kernel: applies the
+// user's count (recorded on the host by follow_user_intraop_threads) to the
+// worker when they differ.
+void apply_user_intraop_threads();
+
 }  // namespace npusim

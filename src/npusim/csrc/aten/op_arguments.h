@@ -1,8 +1,7 @@
 // The one walk over an op's boxed arguments and the CUDA device rules it
-// applies. The fallback (fallback_call.h: FallbackCall) and npu graph capture
-// (graph/op_recorder.cpp: OpRecorder) both walk an op's arguments through
-// here, so an op is held to the same rules whether it runs now or is recorded
-// for a replay.
+// applies. An op run on the host (fallback_call.h: FallbackCall) and an op
+// launched as a stream task or recorded by a graph capture (launch_args.h:
+// LaunchArgs) are held to the same rules.
 #pragma once
 
 #include "../runtime/device.h"

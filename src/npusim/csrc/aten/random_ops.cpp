@@ -2,11 +2,14 @@
 // Philox stream (Note [npu Philox stream]). Argument checks, shapes and the
 // normal.Tensor_* arithmetic come from PyTorch's own DistributionTemplates.h,
 // the value transforms from TransformationHelper.h; only the source of the
-// random bits is npusim's. Kernels run on the host after the current
-// stream's earlier work, on the device memory in place.
+// random bits is npusim's. Each op takes its Philox inputs on the host when
+// it is launched (so the order of draws is the order of launches) and fills
+// the device memory in place as a task on the current stream (Note [Compute
+// on the stream]).
 #include "generator.h"
 #include "../runtime/stream.h"
 #include "host_transfer.h"
+#include "intraop_threads.h"
 
 #include <ATen/ATen.h>
 #include <ATen/OpMathType.h>
@@ -80,35 +83,54 @@ c10::DeviceIndex npu_device_of(const Tensor& self, const Gen& gen, const char* o
   return self.device().index();
 }
 
-// Writes value(block, i) to element i (row-major logical order) of `self`,
-// from block offset + i; see Note [npu Philox stream].
+// One random op's launch: its Philox inputs, taken on the host, and its name.
+struct RandomLaunch {
+  PhiloxInputs in;
+  const char* op;
+};
+
+// Enqueues the writing of value(block, i) to element i (row-major logical
+// order) of `self`, from block offset + i, on the current stream of self's
+// npu; see Note [npu Philox stream]. `value` is copied into the task.
 template <typename scalar_t, typename F>
-void philox_fill(const Tensor& self, const PhiloxInputs& in, F value) {
-  const Tensor cpu = cpu_alias(self);
-  const Tensor dense = cpu.is_contiguous() ? cpu : at::empty(cpu.sizes(), cpu.options());
-  scalar_t* out = dense.data_ptr<scalar_t>();
-  at::parallel_for(0, self.numel(), kGrain, [&](int64_t begin, int64_t end) {
-    at::Philox4_32 engine(in.seed, /*subsequence=*/0, in.offset + static_cast<uint64_t>(begin));
-    for (int64_t i = begin; i < end; ++i) {
-      PhiloxBlock b;
-      for (uint32_t& word : b.x) {
-        word = engine();
+void philox_fill(const Tensor& self, const RandomLaunch& launch, F value) {
+  const Tensor cpu = cpu_alias(self);  // the memory and geometry at launch
+  const PhiloxInputs in = launch.in;
+  current_stream(self.device().index()).enqueue([cpu, in, value] {
+    apply_user_intraop_threads();
+    const Tensor dense = cpu.is_contiguous() ? cpu : at::empty(cpu.sizes(), cpu.options());
+    scalar_t* out = dense.data_ptr<scalar_t>();
+    at::parallel_for(0, cpu.numel(), kGrain, [&](int64_t begin, int64_t end) {
+      at::Philox4_32 engine(in.seed, /*subsequence=*/0, in.offset + static_cast<uint64_t>(begin));
+      for (int64_t i = begin; i < end; ++i) {
+        PhiloxBlock b;
+        for (uint32_t& word : b.x) {
+          word = engine();
+        }
+        out[i] = value(b, i);
       }
-      out[i] = value(b, i);
+    });
+    if (!dense.is_same(cpu)) {
+      host_copy(cpu, dense);
     }
-  });
-  if (!dense.is_same(cpu)) {
-    host_copy(cpu, dense);
+  }, 0.0, launch.op);
+}
+
+// A random op cannot be captured: its Philox inputs are taken on the host
+// at launch, and a replay would draw the same numbers again.
+void refuse_capture(c10::DeviceIndex device, const char* op) {
+  NpuStream& stream = current_stream(device);
+  if (StreamCapture* capture = stream.capture()) {
+    capture->invalidate(c10::str("operation not permitted when stream is capturing: ", op, " on ", stream.name(),
+        " draws from the npu generator on the host, which a replay of the graph could not repeat"));
   }
 }
 
-// Takes this op's Philox inputs (host order), then waits for the stream's
-// earlier work before the memory is written.
-PhiloxInputs begin_op(const Tensor& self, const Gen& gen, const char* op) {
+// Takes this op's Philox inputs (the order of launches is the order of draws).
+RandomLaunch begin_op(const Tensor& self, const Gen& gen, const char* op) {
   const c10::DeviceIndex device = npu_device_of(self, gen, op);
-  const PhiloxInputs in = philox_inputs(gen, device, static_cast<uint64_t>(self.numel()));
-  wait_current_stream_idle(device);
-  return in;
+  refuse_capture(device, op);
+  return RandomLaunch{philox_inputs(gen, device, static_cast<uint64_t>(self.numel())), op};
 }
 
 // ---- kernels, in the shape DistributionTemplates.h calls them ---------------
@@ -117,7 +139,7 @@ template <typename RNG>
 struct UniformKernel {
   void operator()(at::TensorIteratorBase& iter, double from_, double to_, Gen gen) {
     const Tensor& self = iter.tensor(0);
-    const PhiloxInputs in = begin_op(self, gen, "uniform_");
+    const RandomLaunch in = begin_op(self, gen, "uniform_");
     AT_DISPATCH_FLOATING_TYPES_AND2(at::kHalf, at::kBFloat16, self.scalar_type(), "uniform_npu", [&] {
       const auto from = static_cast<scalar_t>(from_);
       const auto to = static_cast<scalar_t>(to_);
@@ -133,7 +155,7 @@ struct UniformKernel {
 template <typename RNG>
 struct NormalKernel {
   void operator()(Tensor& self, double mean, double std, Gen gen) {
-    const PhiloxInputs in = begin_op(self, gen, "normal_");
+    const RandomLaunch in = begin_op(self, gen, "normal_");
     AT_DISPATCH_FLOATING_TYPES_AND2(at::kHalf, at::kBFloat16, self.scalar_type(), "normal_kernel_npu", [&] {
       using acc_t = at::opmath_type<scalar_t>;
       const auto m = static_cast<acc_t>(mean);
@@ -149,7 +171,7 @@ template <typename RNG>
 struct LogNormalKernel {
   void operator()(at::TensorIteratorBase& iter, double mean, double std, Gen gen) {
     const Tensor& self = iter.tensor(0);
-    const PhiloxInputs in = begin_op(self, gen, "log_normal_");
+    const RandomLaunch in = begin_op(self, gen, "log_normal_");
     AT_DISPATCH_FLOATING_TYPES_AND2(at::kHalf, at::kBFloat16, self.scalar_type(), "log_normal_npu", [&] {
       using acc_t = at::opmath_type<scalar_t>;
       const auto m = static_cast<acc_t>(mean);
@@ -169,7 +191,7 @@ struct ExponentialKernel {
     TORCH_CHECK(at::isFloatingType(self.scalar_type()),
         "Exponential distribution is a continuous probability distribution. dtype must be a floating point "
         "but you specified ", self.dtype());
-    const PhiloxInputs in = begin_op(self, gen, "exponential_");
+    const RandomLaunch in = begin_op(self, gen, "exponential_");
     AT_DISPATCH_FLOATING_TYPES_AND2(at::kHalf, at::kBFloat16, self.scalar_type(), "exponential_npu", [&] {
       philox_fill<scalar_t>(self, in, [=](const PhiloxBlock& b, int64_t) {
         // u in (0, 1): never 0, as CUDA's exponential_ (a 0 breaks gumbel_softmax's log).
@@ -183,7 +205,7 @@ template <typename RNG>
 struct GeometricKernel {
   void operator()(at::TensorIteratorBase& iter, double p, Gen gen) {
     const Tensor& self = iter.tensor(0);
-    const PhiloxInputs in = begin_op(self, gen, "geometric_");
+    const RandomLaunch in = begin_op(self, gen, "geometric_");
     AT_DISPATCH_ALL_TYPES_AND2(at::kHalf, at::kBFloat16, self.scalar_type(), "geometric_npu", [&] {
       philox_fill<scalar_t>(self, in, [=](const PhiloxBlock& b, int64_t) {
         return static_cast<scalar_t>(at::transformation::geometric(open_unit(b.lo()), p));
@@ -196,7 +218,7 @@ template <typename RNG>
 struct CauchyKernel {
   void operator()(at::TensorIteratorBase& iter, double median, double sigma, Gen gen) {
     const Tensor& self = iter.tensor(0);
-    const PhiloxInputs in = begin_op(self, gen, "cauchy_");
+    const RandomLaunch in = begin_op(self, gen, "cauchy_");
     AT_DISPATCH_FLOATING_TYPES_AND2(at::kHalf, at::kBFloat16, self.scalar_type(), "cauchy_npu", [&] {
       philox_fill<scalar_t>(self, in, [=](const PhiloxBlock& b, int64_t) {
         return static_cast<scalar_t>(at::transformation::cauchy(open_unit(b.lo()), median, sigma));
@@ -209,7 +231,7 @@ template <typename RNG>
 struct RandomKernel {
   void operator()(at::TensorIteratorBase& iter, Gen gen) {
     const Tensor& self = iter.tensor(0);
-    const PhiloxInputs in = begin_op(self, gen, "random_");
+    const RandomLaunch in = begin_op(self, gen, "random_");
     AT_DISPATCH_ALL_TYPES_AND3(at::kBool, at::kHalf, at::kBFloat16, self.scalar_type(), "random_kernel_npu", [&] {
       philox_fill<scalar_t>(self, in, [](const PhiloxBlock& b, int64_t) {
         return at::transformation::uniform_int<scalar_t>(b.lo());
@@ -222,7 +244,7 @@ template <typename RNG>
 struct RandomFromToKernel {
   void operator()(at::TensorIteratorBase& iter, uint64_t range, int64_t base, Gen gen) {
     const Tensor& self = iter.tensor(0);
-    const PhiloxInputs in = begin_op(self, gen, "random_");
+    const RandomLaunch in = begin_op(self, gen, "random_");
     AT_DISPATCH_V2(self.scalar_type(), "random_from_to_kernel_npu", AT_WRAP([&] {
       philox_fill<scalar_t>(self, in, [=](const PhiloxBlock& b, int64_t) {
         return at::transformation::uniform_int_from_to<scalar_t>(b.lo(), range, base);
@@ -232,7 +254,7 @@ struct RandomFromToKernel {
   // [int64 min, int64 max]: the whole 64-bit range.
   void operator()(at::TensorIteratorBase& iter, Gen gen) {
     const Tensor& self = iter.tensor(0);
-    const PhiloxInputs in = begin_op(self, gen, "random_");
+    const RandomLaunch in = begin_op(self, gen, "random_");
     AT_DISPATCH_V2(self.scalar_type(), "random_full_64_bits_range_kernel_npu", AT_WRAP([&] {
       philox_fill<scalar_t>(self, in, [](const PhiloxBlock& b, int64_t) {
         return at::transformation::uniform_int_full_range<scalar_t>(b.lo());
@@ -244,7 +266,7 @@ struct RandomFromToKernel {
 template <typename RNG>
 struct BernoulliScalarKernel {
   void operator()(const Tensor& self, double p, Gen gen) {
-    const PhiloxInputs in = begin_op(self, gen, "bernoulli_");
+    const RandomLaunch in = begin_op(self, gen, "bernoulli_");
     AT_DISPATCH_ALL_TYPES_AND3(at::kBool, at::kHalf, at::kBFloat16, self.scalar_type(), "bernoulli_scalar_npu_", [&] {
       philox_fill<scalar_t>(self, in, [=](const PhiloxBlock& b, int64_t) {
         return static_cast<scalar_t>(at::transformation::bernoulli(unit(b.lo()), p));
@@ -260,17 +282,21 @@ struct BernoulliTensorKernel {
     // As CUDA, p may live on another device (or the host): it is copied over.
     const Tensor p_dev = p_.device() == self.device() ? p_ : p_.to(self.device());
     AT_DISPATCH_FLOATING_TYPES_AND2(at::kHalf, at::kBFloat16, p_dev.scalar_type(), "bernoulli_tensor_npu_p_", [] {});
-    wait_current_stream_idle(device);  // p may still be being written
+    refuse_capture(device, "bernoulli_");
+    // The host checks the probabilities (the error is raised at the call, as
+    // on CPU), so it waits for them: Note [Compute on the stream].
+    wait_current_stream_idle(device);
     const Tensor p = cpu_alias(p_dev).expand(self.sizes()).to(at::kDouble).contiguous();
     const double* probs = p.const_data_ptr<double>();
     for (int64_t i = 0; i < p.numel(); ++i) {
       TORCH_CHECK(probs[i] >= 0 && probs[i] <= 1,
           "bernoulli_: expected every element of p in [0, 1], but got p=", probs[i], " at flat index ", i);
     }
-    const PhiloxInputs in = philox_inputs(gen, device, static_cast<uint64_t>(self.numel()));
+    const RandomLaunch in{philox_inputs(gen, device, static_cast<uint64_t>(self.numel())), "bernoulli_"};
     AT_DISPATCH_ALL_TYPES_AND3(at::kBool, at::kHalf, at::kBFloat16, self.scalar_type(), "bernoulli_tensor_npu_self_", [&] {
       philox_fill<scalar_t>(self, in, [=](const PhiloxBlock& b, int64_t i) {
-        return static_cast<scalar_t>(at::transformation::bernoulli(unit(b.lo()), probs[i]));
+        // p (a host copy) lives as long as the task
+        return static_cast<scalar_t>(at::transformation::bernoulli(unit(b.lo()), p.const_data_ptr<double>()[i]));
       });
     });
   }

@@ -1,4 +1,4 @@
-// What an npu graph capture holds (graph.cpp, op_recorder.cpp): the tasks
+// What an npu graph capture holds (graph.cpp): the tasks
 // recorded from the captured stream, the private pool its allocations come
 // from, and the first forbidden call. See Note [NPU graph capture].
 #pragma once
@@ -42,7 +42,7 @@ struct GraphCapture final : StreamCapture {
 
   void append(GraphTask task);
   // Records `message` as the capture's failure (the first one wins) and raises it.
-  [[noreturn]] void invalidate(const std::string& message);
+  [[noreturn]] void invalidate(const std::string& message) override;
 
   void add_task(std::function<void()> fn, double duration_us, const char* op) override;
   [[noreturn]] void refuse_host_wait(const NpuStream& stream, const char* op) override;

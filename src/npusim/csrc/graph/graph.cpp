@@ -3,9 +3,7 @@
 #include "graph.h"
 
 #include "capture.h"
-#include "op_recorder.h"
 
-#include "../aten/fallback.h"
 #include "../runtime/device_allocator.h"
 
 #include <ATen/ATen.h>
@@ -23,28 +21,29 @@ namespace npusim {
 // A stream is a FIFO of host functions run by its worker (runtime/stream.h).
 // While a graph captures a stream (the graph sets itself as the stream's
 // StreamCapture), NpuStream::enqueue appends the function to the graph
-// instead of queueing it: copies, foreach copies, batched memcpy and
-// event records issued on that stream are recorded without running, as on
-// CUDA. Compute does not go through enqueue (the boxed fallback runs CPU
-// kernels synchronously), so the fallback asks the op capture hook first
-// (capture_fallback_op, op_recorder.cpp, which the graph installs when a
-// capture begins): it walks the op's arguments under the fallback's device
-// rules (aten/op_arguments.h), and on a capturing stream the op is run on the Meta device to learn its output
-// sizes, strides and dtypes; fresh outputs are allocated from the graph's
-// pool (in-place and out= outputs are the arguments themselves; views of
-// arguments are views of the same device storage), and a task is recorded
-// that calls the op's CPU kernel boxed on CPU aliases of the arguments and
-// copies its fresh results into those pool outputs. Replay enqueues the whole
-// list as ONE task on the current stream, so the host cost of a replay does
-// not grow with the number of ops, and the work runs in capture order on the
-// stream worker, asynchronously to the host. Ops whose output shapes depend
-// on data (nonzero, masked_select) or that lack a meta kernel cannot be
-// captured and raise. A host wait on the capturing stream (synchronize,
-// .item(), .cpu(), a blocking host->device copy) raises CUDA's "operation not
-// permitted when stream is capturing" and invalidates the capture, which
-// capture_end then reports. Like CUDA, the graph works on the tensors it saw
-// at capture: later replays read whatever those addresses hold then.
-// Collectives cannot be captured (the collective backend raises).
+// instead of queueing it: compute ops, copies, foreach copies, batched
+// memcpy and event records issued on that stream are recorded without
+// running, as on CUDA. A compute op is launched as it is eagerly (Note
+// [Compute on the stream], aten/op_launch.cpp): its arguments walked under
+// the fallback's device rules, its outputs sized by its Meta kernel and
+// allocated from the graph's pool (in-place and out= outputs are the
+// arguments themselves; views of arguments are views of the same device
+// storage), and the task that calls its CPU kernel on CPU aliases is the
+// task the graph records, so capture is "record instead of push". Replay
+// enqueues the whole list as ONE task on the current stream, so the host cost
+// of a replay does not grow with the number of ops, and the work runs in
+// capture order on the stream worker, asynchronously to the host. Ops that
+// must run on the host (Note [Compute on the stream]: data-dependent output
+// shapes such as nonzero or masked_select, no meta kernel, host values) and
+// out= arguments a capture would resize cannot be captured and raise. A host
+// wait on the capturing stream (synchronize, .item(), .cpu(), a blocking
+// host->device copy, a random op, which reads the generator on the host)
+// raises CUDA's "operation not permitted when stream is capturing" and
+// invalidates the capture, which capture_end then reports. Like CUDA, the
+// graph works on the tensors it saw at capture: later replays read whatever
+// those addresses hold then (CPU scalars as they were at capture, as CUDA's
+// kernel arguments). Collectives cannot be captured (the collective backend
+// raises).
 
 // Note [NPU graph memory]
 // Every device allocation made while the current stream is capturing comes
@@ -113,8 +112,8 @@ void GraphCapture::invalidate(const std::string& message) {
   TORCH_CHECK(false, message);
 }
 
-void GraphCapture::add_task(std::function<void()> fn, double duration_us, const char*) {
-  append(GraphTask{std::move(fn), duration_us, "stream task"});
+void GraphCapture::add_task(std::function<void()> fn, double duration_us, const char* op) {
+  append(GraphTask{std::move(fn), duration_us, op});
 }
 
 void GraphCapture::refuse_host_wait(const NpuStream& stream, const char* op) {
@@ -163,9 +162,8 @@ void NpuGraph::capture_begin(c10::MempoolId_t pool, const std::string& mode) {
   device_ = device;
   pool_ = capture_->pool;
   // The graph calls down into the floors below (as CUDA's capture_begin calls
-  // beginAllocateToPool): the fallback records ops, the allocator serves
-  // the stream's allocations from the pool, the stream records its tasks.
-  set_op_capture_hook(&capture_fallback_op);
+  // beginAllocateToPool): the allocator serves the stream's allocations from
+  // the pool, the stream records its tasks (compute ops' launches among them).
   begin_allocate_to_pool(stream, pool_.get());
   stream.set_capture(capture_.get());
 }

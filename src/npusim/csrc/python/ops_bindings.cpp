@@ -7,18 +7,58 @@
 #include "../aten/fallback.h"
 #include "../aten/foreach_copy.h"
 #include "../aten/generator.h"
+#include "../aten/host_transfer.h"
 #include "../aten/ipc.h"
+#include "../aten/op_launch.h"
 #include "../aten/primitives.h"
 
 #include <torch/csrc/DynamicTypes.h>
+#include <torch/csrc/jit/python/pybind_utils.h>
 
 namespace py = pybind11;
 
 namespace npusim {
+namespace {
+
+// The Python cost function behind the compute-cost hook (op_launch.h);
+// leaked: the hook may be called while the interpreter shuts down.
+py::object& compute_cost_function() {
+  static auto* fn = new py::object();
+  return *fn;
+}
+
+double call_compute_cost_function(const c10::OperatorHandle& op, const std::vector<c10::IValue>& meta_inputs,
+    const std::vector<c10::IValue>& meta_outputs) {
+  py::gil_scoped_acquire gil;
+  py::list inputs;
+  for (const c10::IValue& v : meta_inputs) {
+    inputs.append(torch::jit::toPyObject(v));
+  }
+  py::list outputs;
+  for (const c10::IValue& v : meta_outputs) {
+    outputs.append(torch::jit::toPyObject(v));
+  }
+  const c10::OperatorName& name = op.schema().operator_name();
+  return compute_cost_function()(name.name, name.overload_name, inputs, outputs).cast<double>();
+}
+
+}  // namespace
 
 void init_ops_bindings(py::module& m) {
   m.def("register_device", &npusim::register_device);
   m.def("route_structured_ops_to_fallback", &npusim::route_structured_ops_to_fallback);
+
+  // the compute-cost hook of the timing model (op_launch.h): fn(name, overload, meta_inputs,
+  // meta_outputs) -> microseconds, or None to remove it
+  m.def("set_compute_cost", [](py::object fn) {
+    if (fn.is_none()) {
+      npusim::set_compute_cost_hook(nullptr);
+      compute_cost_function() = py::object();
+      return;
+    }
+    compute_cost_function() = std::move(fn);
+    npusim::set_compute_cost_hook(&call_compute_cost_function);
+  });
 
   // random numbers: the Python torch.Generator of a device's default generator
   m.def("default_generator", [](int device) { return npusim::default_generator(device); });

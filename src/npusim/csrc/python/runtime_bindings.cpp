@@ -47,7 +47,10 @@ const npusim::CoreApi& core_api_table() {
       sizeof(npusim::CoreApi),
       &npusim::current_device,
       [](c10::DeviceIndex device) { return &npusim::current_stream(device); },
-      [](NpuStream* s, std::function<void()> fn, double us) { s->enqueue(std::move(fn), us, "collective"); },
+      [](NpuStream* s, std::function<void()> fn, double us) {
+        // A signal (Note [Errors of asynchronous work]): a comm stream waits for it.
+        s->enqueue(std::move(fn), us, "collective", npusim::TaskKind::kSignal);
+      },
       [](NpuStream* s) {
         // Only the collective backend uses this table, and it asks before it
         // issues anything: the place to refuse a collective during capture.

@@ -34,6 +34,15 @@ namespace npusim {
 // Worker threads of the kernel (at::parallel_for) do not see the scope and
 // allocate host memory, which the fallback then adopts. Nothing else changes
 // for CPU code: outside a scope the CPU allocator's own memory comes back.
+// The scope serves ops run on the host. A stream task's kernel (Note [Compute
+// on the stream]) writes outputs the host allocated at launch, and its own
+// allocations are host memory: the caching allocator may hand a block freed
+// on the host to the next allocation on the same stream while the block's
+// earlier queued work is still pending (Note [Stream-ordered free]), which is
+// safe only for work ordered after that queue; a kernel running on the
+// stream's worker is not (the tasks queued behind it may still read the
+// block), and device memory statistics then count what the host allocated,
+// as CUDA's do, not what a kernel happens to hold while it runs.
 
 namespace {
 

@@ -35,7 +35,8 @@ namespace npusim {
 // record_stream a silent data race, so it is never relied on. The one
 // relaxation is CUDA's: a block whose only unfinished work is on the stream
 // it was allocated on may be reused by an allocation on that same stream,
-// whose work is ordered after it. `allocated` drops at once, as on CUDA;
+// whose work is ordered after it (allocations are made by host threads at a
+// launch; a stream worker allocates nothing from this pool). `allocated` drops at once, as on CUDA;
 // `reserved` counts the block until it is returned to the host.
 
 // Note [Caching allocator]

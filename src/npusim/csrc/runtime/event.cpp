@@ -18,12 +18,16 @@ std::shared_ptr<EventRecord> new_record(NpuEvent& event, const NpuStream& stream
   return record;
 }
 
-std::function<void()> complete_record(std::shared_ptr<EventRecord> record) {
-  return [record = std::move(record)] {
+// A signal: it runs on a failed stream too, and carries the failure on
+// (Note [Errors of asynchronous work]).
+std::function<void()> complete_record(std::shared_ptr<EventRecord> record, const NpuStream& stream) {
+  return [record = std::move(record), &stream] {
+    std::string error = stream.failure();
     {
       std::lock_guard<std::mutex> lock(record->mutex);
       record->done = true;
       record->when = std::chrono::steady_clock::now();
+      record->error = std::move(error);
     }
     record->cv.notify_all();
   };
@@ -42,16 +46,16 @@ void event_record(NpuEvent& event, NpuStream& stream) {
     record_now(*record);
     return;
   }
-  stream.enqueue(complete_record(std::move(record)), 0.0, "event_record");
+  stream.enqueue(complete_record(std::move(record), stream), 0.0, "event_record", TaskKind::kSignal);
 }
 
 void event_record_unobserved(NpuEvent& event, NpuStream& stream) {
   auto record = new_record(event, stream);
-  if (stream.query() || stream.capture() != nullptr) {
+  if ((stream.query() && !stream.failed()) || stream.capture() != nullptr) {
     record_now(*record);  // a capture's replay needs no profiler marker
     return;
   }
-  stream.enqueue_unobserved(complete_record(std::move(record)), "event_record");
+  stream.enqueue_unobserved(complete_record(std::move(record), stream), "event_record");
 }
 
 void stream_wait_event(NpuStream& stream, const NpuEvent& event) {
@@ -61,13 +65,17 @@ void stream_wait_event(NpuStream& stream, const NpuEvent& event) {
   }
   if (!tasks_must_show(stream)) {
     std::lock_guard<std::mutex> lock(record->mutex);
-    if (record->done) {
+    if (record->done && record->error.empty()) {
       return;  // Note [Work on an idle stream]
     }
   }
-  stream.enqueue([record] {
+  stream.enqueue([record, &stream] {
     std::unique_lock<std::mutex> lock(record->mutex);
     record->cv.wait(lock, [&] { return record->done; });
+    if (!record->error.empty()) {
+      // See Note [Errors of asynchronous work]: the failure follows the dependency.
+      stream.fail("wait_event failed: the event was recorded after a failure (" + record->error + ")");
+    }
   }, 0.0, "wait_event");
 }
 
@@ -87,6 +95,8 @@ void event_synchronize(const NpuEvent& event) {
   }
   std::unique_lock<std::mutex> lock(record->mutex);
   wait_on_host(record->cv, lock, -1.0, [&] { return record->done; });  // Note [Interruptible host waits]
+  TORCH_CHECK(record->error.empty(), "npusim: event synchronize: the event was recorded on npu:",
+      static_cast<int>(event.device), " after asynchronous work failed: ", record->error);
 }
 
 double event_elapsed_ms(const NpuEvent& start, const NpuEvent& end) {

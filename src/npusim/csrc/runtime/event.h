@@ -8,6 +8,7 @@
 #include <condition_variable>
 #include <memory>
 #include <mutex>
+#include <string>
 
 namespace npusim {
 
@@ -16,6 +17,9 @@ struct EventRecord {
   std::condition_variable cv;
   bool done = false;
   std::chrono::steady_clock::time_point when;
+  // The recording stream's failure when the record ran (Note [Errors of
+  // asynchronous work]): waits for the event fail, its synchronize raises it.
+  std::string error;
 };
 
 // A recorded event points at the record of its latest record() call; waiting

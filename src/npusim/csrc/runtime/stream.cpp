@@ -46,6 +46,10 @@ thread_local std::array<c10::StreamId, kMaxDevices> tls_current_stream{};
 // Tasks pushed to any stream and not yet completed: a free with none pending
 // (the common case between ops) skips scanning every stream of every device.
 std::atomic<uint64_t> g_unfinished_tasks{0};
+// Per device, the streams whose worker has started (bit i: stream id i):
+// only those can have unfinished work, so a free scans just them.
+static_assert(kStreamsPerDevice <= 32, "live stream masks hold 32 streams");
+std::array<std::atomic<uint32_t>, kMaxDevices> g_live_streams{};
 std::array<std::atomic<uint32_t>, kMaxDevices * kPriorityLevels> g_pool_cursor{};
 // Streams being captured, over all devices: while zero nothing asks a capture.
 std::atomic<int> g_captured_streams{0};
@@ -98,35 +102,87 @@ void NpuStream::set_capture(StreamCapture* capture) {
   }
 }
 
-void NpuStream::enqueue(std::function<void()> fn, double duration_us, const char* op) {
+// Note [Stream worker wake-ups]
+// A stream's worker sleeps on a condition variable when it has nothing to do,
+// and a host thread waiting for the stream sleeps on another. Waking a
+// sleeping thread is a futex call and, on a busy 2-core machine, tens of
+// microseconds before the woken thread runs: more than a small op costs. Now
+// that every compute op is a stream task, a training step enqueues a task
+// every few microseconds and waits for the stream at each .item(), so each
+// side first spins a short while (kWorkerSpin, kHostSpin) watching the
+// counters, sleeps only if nothing came, and the other side signals a
+// condition variable only when its counterpart is asleep (push checks
+// worker_sleeping_ under the lock; a finished task takes the lock and
+// notifies only while host_waiters_ is non-zero). In a steady stream of work
+// neither side makes a system call. The spins are short so that an idle
+// device costs no CPU: a worker with nothing queued for kWorkerSpin sleeps.
+
+namespace {
+constexpr auto kWorkerSpin = std::chrono::microseconds(100);
+constexpr auto kHostSpin = std::chrono::microseconds(50);
+
+inline void cpu_relax() {
+#if defined(__x86_64__) || defined(__i386__)
+  __builtin_ia32_pause();
+#elif defined(__aarch64__)
+  asm volatile("yield");
+#endif
+}
+
+// Spins until done() or `budget` has passed; true if done().
+template <class Done>
+bool spin_until(Done done, std::chrono::steady_clock::duration budget) {
+  const auto deadline = std::chrono::steady_clock::now() + budget;
+  for (int i = 1;; ++i) {
+    if (done()) {
+      return true;
+    }
+    cpu_relax();
+    if (i % 64 == 0) {
+      if (std::chrono::steady_clock::now() >= deadline) {
+        return done();
+      }
+      std::this_thread::yield();  // a loaded machine: let the thread we wait for run
+    }
+  }
+}
+}  // namespace
+
+void NpuStream::enqueue(std::function<void()> fn, double duration_us, const char* op, TaskKind kind) {
   if (StreamCapture* graph = capture()) {
     graph->add_task(std::move(fn), duration_us, op);
     return;
   }
-  push(std::move(fn), duration_us, op,
-      profiler_active() ? profile_task(op, device_, id_, activity_kind(op), duration_us) : nullptr);
+  push(Task{std::move(fn), duration_us, op, kind,
+      profiler_active() ? profile_task(op, device_, id_, activity_kind(op), duration_us) : nullptr});
   if (launch_blocking() && !on_stream_worker()) {
     synchronize();
   }
 }
 
 void NpuStream::enqueue_unobserved(std::function<void()> fn, const char* op) {
-  push(std::move(fn), 0.0, op, nullptr);
+  push(Task{std::move(fn), 0.0, op, TaskKind::kSignal, nullptr});
 }
 
-void NpuStream::push(std::function<void()> fn, double duration_us, const char* op,
-    std::shared_ptr<TaskProfile> profile) {
-  std::lock_guard<std::mutex> lock(mutex_);
-  if (!worker_) {
-    worker_ = std::make_unique<std::thread>([this] { run(); });
-    // The worker lives as long as the process; it is never joined so that
-    // interpreter shutdown cannot block on it.
-    worker_->detach();
+void NpuStream::push(Task task) {
+  bool wake = false;
+  {
+    std::lock_guard<std::mutex> lock(mutex_);
+    if (!worker_) {
+      g_live_streams[device_].fetch_or(uint32_t{1} << id_, std::memory_order_acq_rel);
+      worker_ = std::make_unique<std::thread>([this] { run(); });
+      // The worker lives as long as the process; it is never joined so that
+      // interpreter shutdown cannot block on it.
+      worker_->detach();
+    }
+    queue_.push_back(std::move(task));
+    g_unfinished_tasks.fetch_add(1, std::memory_order_acq_rel);
+    enqueued_.fetch_add(1, std::memory_order_acq_rel);
+    wake = worker_sleeping_;
   }
-  queue_.push_back(Task{std::move(fn), duration_us, op, std::move(profile)});
-  g_unfinished_tasks.fetch_add(1, std::memory_order_acq_rel);
-  enqueued_.fetch_add(1, std::memory_order_acq_rel);
-  work_cv_.notify_one();
+  if (wake) {
+    work_cv_.notify_one();
+  }
 }
 
 void NpuStream::run_task(Task& task) {
@@ -147,31 +203,56 @@ void NpuStream::run_task(Task& task) {
   }
 }
 
+// Waits until the queue holds a task beyond the `popped` ones taken so far.
+bool NpuStream::wait_for_work(uint64_t popped) {
+  return spin_until([&] { return enqueued_.load(std::memory_order_acquire) > popped; }, kWorkerSpin);
+}
+
+void NpuStream::task_done() {
+  completed_.fetch_add(1, std::memory_order_seq_cst);
+  g_unfinished_tasks.fetch_sub(1, std::memory_order_acq_rel);
+  if (host_waiters_.load(std::memory_order_seq_cst) > 0) {
+    { std::lock_guard<std::mutex> lock(mutex_); }  // a waiter is either before its check or asleep
+    done_cv_.notify_all();
+  }
+}
+
 void NpuStream::run() {
   enter_stream_worker(device_);
   name_thread(c10::str("npu", static_cast<int>(device_), " stream ", id_));
+  uint64_t popped = 0;
   for (;;) {
     Task task;
     {
       std::unique_lock<std::mutex> lock(mutex_);
-      work_cv_.wait(lock, [this] { return !queue_.empty(); });
+      if (queue_.empty()) {
+        lock.unlock();
+        wait_for_work(popped);
+        lock.lock();
+        worker_sleeping_ = true;
+        work_cv_.wait(lock, [this] { return !queue_.empty(); });
+        worker_sleeping_ = false;
+      }
       task = std::move(queue_.front());
       queue_.pop_front();
+      ++popped;
+      // See Note [Errors of asynchronous work]: a failed stream skips its work.
+      if (failed_.load(std::memory_order_relaxed) && task.kind == TaskKind::kWork) {
+        ++skipped_;
+        task.fn = nullptr;
+      }
     }
-    if (task.profile) {
-      // See Note [Device tasks in torch.profiler].
-      run_profiled(*task.profile, [&] { run_task(task); });
-    } else {
-      run_task(task);
+    if (task.fn) {
+      if (task.profile) {
+        // See Note [Device tasks in torch.profiler].
+        run_profiled(*task.profile, [&] { run_task(task); });
+      } else {
+        run_task(task);
+      }
     }
     task.fn = nullptr;
     task.profile = nullptr;  // release captures before the task counts as complete
-    {
-      std::lock_guard<std::mutex> lock(mutex_);
-      completed_.fetch_add(1, std::memory_order_acq_rel);
-    }
-    g_unfinished_tasks.fetch_sub(1, std::memory_order_acq_rel);
-    done_cv_.notify_all();
+    task_done();
     run_completion_hooks();
   }
 }
@@ -179,25 +260,84 @@ void NpuStream::run() {
 bool NpuStream::wait_completed(uint64_t target, double timeout_s) {
   TORCH_CHECK(!(on_stream_worker() && current_device() == device_ && target > completed()),
       "npusim: a task of ", name(), " waits on its own stream");
-  std::unique_lock<std::mutex> lock(mutex_);
   auto ready = [&] { return completed_.load(std::memory_order_acquire) >= target; };
+  if (ready()) {
+    return true;
+  }
+  const auto spin = timeout_s < 0 ? kHostSpin
+      : std::min<std::chrono::steady_clock::duration>(kHostSpin,
+            std::chrono::duration_cast<std::chrono::steady_clock::duration>(std::chrono::duration<double>(timeout_s)));
+  if (spin_until(ready, spin)) {
+    return true;
+  }
+  // Counted while asleep (the worker then notifies); the interrupt check may throw out of the wait.
+  struct Asleep {
+    std::atomic<int>& waiters;
+    explicit Asleep(std::atomic<int>& n) : waiters(n) {
+      waiters.fetch_add(1, std::memory_order_seq_cst);
+    }
+    ~Asleep() {
+      waiters.fetch_sub(1, std::memory_order_seq_cst);
+    }
+  } asleep(host_waiters_);
+  std::unique_lock<std::mutex> lock(mutex_);
   return wait_on_host(done_cv_, lock, timeout_s, ready);  // Note [Interruptible host waits]
 }
 
-void NpuStream::record_error(const char* op, const char* message) {
+// Note [Errors of asynchronous work]
+// A task that throws (a CPU kernel's error, an out-of-memory inside a
+// kernel) fails its stream, as a device-side error does on CUDA: the host is
+// long gone, so the error is kept, and every later work task of that stream
+// is skipped, never run on what the failed task should have produced. It
+// still counts as completed, so waits return. The failure is raised, naming
+// the stream, the failed op and how many tasks were skipped, by the next
+// call that synchronizes with the stream: synchronize (stream, device, all),
+// a host read (.item(), .cpu(), a blocking copy), any op that must run on
+// the host (wait_current_stream_idle), and an event synchronize of an event
+// recorded after the failure. Signals still run (TaskKind::kSignal): an
+// event record completes but carries the failure, and a stream that waits
+// for such an event fails in turn (the failure follows the dependency, as a
+// CUDA error follows the work that depends on it), and a collective's
+// hand-off still lets its comm stream go (the peers would wait for this rank
+// forever). Unlike CUDA, whose context stays unusable after a device-side
+// error, a failure is sticky only until it is raised once: the stream runs
+// its later work again, so a process (a test suite) can go on.
+
+std::string NpuStream::failure() const {
+  std::lock_guard<std::mutex> lock(mutex_);
+  return error_;
+}
+
+void NpuStream::fail(const std::string& message) {
   std::lock_guard<std::mutex> lock(mutex_);
   if (error_.empty()) {
-    error_ = std::string(op != nullptr ? op : "a task") + " failed: " + message;
+    error_ = message;
+    failed_.store(true, std::memory_order_release);
   }
 }
 
+void NpuStream::record_error(const char* op, const char* message) {
+  fail(std::string(op != nullptr ? op : "a task") + " failed: " + message);
+}
+
 void NpuStream::raise_pending_error() {
+  if (!failed()) {
+    return;
+  }
   std::string error;
+  uint64_t skipped = 0;
   {
     std::lock_guard<std::mutex> lock(mutex_);
     error.swap(error_);
+    skipped = skipped_;
+    skipped_ = 0;
+    failed_.store(false, std::memory_order_release);
   }
-  TORCH_CHECK(error.empty(), "npusim: asynchronous work on ", name(), ": ", error);
+  if (error.empty()) {
+    return;
+  }
+  TORCH_CHECK(false, "npusim: asynchronous work on ", name(), ": ", error,
+      skipped > 0 ? c10::str(" (", skipped, " later task(s) of the stream were skipped)") : std::string());
 }
 
 void NpuStream::synchronize(double timeout_s) {
@@ -234,10 +374,11 @@ std::vector<Fence> pending_stream_fences() {
   if (g_unfinished_tasks.load(std::memory_order_acquire) != 0) {
     auto& streams = all_streams();
     for (int d = 0; d < device_count(); ++d) {
-      for (auto& s : streams[d]) {
-        const uint64_t enq = s->enqueued();
-        if (s->completed() < enq) {
-          fences.emplace_back(s->completed_counter(), enq);
+      for (uint32_t live = g_live_streams[d].load(std::memory_order_acquire); live != 0; live &= live - 1) {
+        const NpuStream& s = *streams[d][__builtin_ctz(live)];
+        const uint64_t enq = s.enqueued();
+        if (s.completed() < enq) {
+          fences.emplace_back(s.completed_counter(), enq);
         }
       }
     }

@@ -1,10 +1,15 @@
-"""``torch_npu.contrib.transfer_to_npu``: code that says ``cuda`` runs on the npu.
+"""``torch_npu.contrib.transfer_to_npu``: code written for CUDA runs on the npu.
 
-Importing it makes ``torch.cuda`` name ``torch.npu``, as torch_npu's does, so
-device-generic scripts written for CUDA (``torch.cuda.synchronize()``,
-``torch.cuda.device_count()``) drive the simulated npu.
+Importing it applies npusim's transfer_to_npu (:mod:`npusim.compat.transfer_to_npu`,
+Note [transfer_to_npu in npusim]): CUDA devices in PyTorch's device-taking calls name
+the npu, ``torch.cuda``'s names answer with ``torch.npu``'s, nccl is hccl.
+``is_available`` is PyTorch's own ``torch.cuda.is_available``, as torch_npu keeps it.
 """
 
-import torch
+from npusim.compat.transfer_to_npu import install, pytorch_cuda_is_available
 
-torch.cuda = torch.npu  # type: ignore[assignment]
+__all__: list[str] = []
+
+is_available = pytorch_cuda_is_available
+
+install()

@@ -1,0 +1,215 @@
+// The npu tensors of one op launch: see launch_args.h.
+#include "launch_args.h"
+
+#include "device_hooks.h"
+#include "host_transfer.h"
+#include "../runtime/device_allocator.h"
+
+#include <ATen/core/List.h>
+#include <c10/core/Allocator.h>
+#include <c10/util/Exception.h>
+
+#include <typeinfo>
+
+namespace npusim {
+
+int32_t LaunchArgs::tensor(const at::Tensor& t, ArgUse use) {
+  if (!rules_.admit(t, use)) {
+    if (!t.defined()) {
+      key_.add(0x6e20);
+      return kUndefinedRef;
+    }
+    // A CPU scalar or index: the kernel reads it when the task runs, so the
+    // task holds it as it is now (a wrapped number, which only the call has
+    // seen, as it is; anything else as a copy, as CUDA reads it at launch).
+    key_.add_host_tensor(t);
+    if (t.unsafeGetTensorImpl()->is_wrapped_number()) {
+      held_.push_back(t);
+    } else {
+      held_.push_back(t.clone());
+    }
+    return held_ref(held_.size() - 1);
+  }
+  c10::StorageImpl* storage = t.storage().unsafeGetStorageImpl();
+  const int32_t index = static_cast<int32_t>(inputs_.size());
+  int32_t group = -1;
+  for (size_t g = 0; g < groups_.size(); ++g) {
+    if (groups_[g] == storage) {
+      group = static_cast<int32_t>(g);
+      break;
+    }
+  }
+  if (group < 0) {
+    group = static_cast<int32_t>(groups_.size());
+    groups_.push_back(storage);
+    group_first_.push_back(index);
+  }
+  key_.add_npu_tensor(t, group);
+  written_ = written_ || use == ArgUse::kWritten;
+  inputs_.push_back(Input{&t, group, use});
+  return index;
+}
+
+void LaunchArgs::make_meta() {
+  meta_groups_.clear();
+  for (const c10::StorageImpl* storage : groups_) {
+    meta_groups_.emplace_back(c10::Storage::use_byte_size_t(), storage->nbytes(),
+        c10::DataPtr(nullptr, c10::Device(c10::DeviceType::Meta)), c10::GetAllocator(c10::DeviceType::Meta),
+        /*resizable=*/true);
+  }
+  meta_inputs_.clear();
+  for (const Input& in : inputs_) {
+    meta_inputs_.push_back(tensor_over(c10::Storage(meta_groups_[static_cast<size_t>(in.group)]),
+        c10::DispatchKeySet(c10::DispatchKey::Meta), *in.tensor));
+  }
+}
+
+at::Tensor LaunchArgs::meta(int32_t ref) const {
+  if (ref == kUndefinedRef) {
+    return at::Tensor();
+  }
+  if (ref < 0) {
+    return held_[static_cast<size_t>(-2 - ref)];
+  }
+  return meta_inputs_[static_cast<size_t>(ref)];
+}
+
+void LaunchArgs::plan_from_meta(const std::vector<c10::IValue>& results, MetaPlan& plan) {
+  for (size_t k = 0; k < inputs_.size(); ++k) {
+    const at::Tensor& m = meta_inputs_[k];
+    const at::Tensor& device = *inputs_[k].tensor;
+    if (!m.sizes().equals(device.sizes()) || !m.strides().equals(device.strides()) ||
+        m.storage_offset() != device.storage_offset() || m.storage().nbytes() != device.storage().nbytes()) {
+      TORCH_CHECK(inputs_[k].use == ArgUse::kWritten, "its Meta kernel changed an argument it does not write");
+      updates_.push_back(Update{static_cast<int32_t>(k), m});
+      if (resize_message_.empty()) {
+        resize_message_ = c10::str(op_.schema().operator_name(), " resizes its output argument from ",
+            device.sizes(), " to ", m.sizes());
+      }
+    }
+  }
+  c10::SmallVector<const c10::StorageImpl*, 2> fresh;
+  auto plan_tensor = [&](const at::Tensor& m) {
+    PlannedTensor p;
+    if (!m.defined()) {
+      return p;
+    }
+    TORCH_CHECK(m.device().type() == c10::DeviceType::Meta && m.layout() == c10::kStrided &&
+            typeid(*m.unsafeGetTensorImpl()) == typeid(c10::TensorImpl),
+        "its Meta kernel returned a ", m.layout(), " tensor on ", m.device(), ", not a strided Meta tensor");
+    p.dtype = m.scalar_type();
+    p.sizes.assign(m.sizes().begin(), m.sizes().end());
+    p.strides.assign(m.strides().begin(), m.strides().end());
+    p.offset = m.storage_offset();
+    p.conj = m.is_conj();
+    p.neg = m.is_neg();
+    for (size_t k = 0; k < meta_inputs_.size(); ++k) {
+      if (meta_inputs_[k].unsafeGetTensorImpl() == m.unsafeGetTensorImpl()) {
+        p.kind = PlannedTensor::Kind::kArgument;  // in-place and out= ops return their argument
+        p.index = static_cast<int32_t>(k);
+        return p;
+      }
+    }
+    const c10::StorageImpl* storage = m.storage().unsafeGetStorageImpl();
+    for (size_t g = 0; g < meta_groups_.size(); ++g) {
+      if (meta_groups_[g].unsafeGetStorageImpl() == storage) {
+        p.kind = PlannedTensor::Kind::kView;
+        p.index = static_cast<int32_t>(g);
+        return p;
+      }
+    }
+    p.kind = PlannedTensor::Kind::kFresh;
+    for (size_t f = 0; f < fresh.size(); ++f) {
+      if (fresh[f] == storage) {
+        p.index = static_cast<int32_t>(f);
+        return p;
+      }
+    }
+    p.index = static_cast<int32_t>(fresh.size());
+    fresh.push_back(storage);
+    plan.fresh_nbytes.push_back(m.storage().nbytes());
+    return p;
+  };
+  for (const c10::IValue& r : results) {
+    if (r.isTensor()) {
+      plan.list_sizes.push_back(-1);
+      plan.outputs.push_back(plan_tensor(r.toTensor()));
+    } else if (r.isTensorList()) {
+      const auto list = r.toTensorList();
+      plan.list_sizes.push_back(static_cast<int32_t>(list.size()));
+      for (size_t j = 0; j < list.size(); ++j) {
+        plan.outputs.push_back(plan_tensor(list.get(j)));
+      }
+    } else if (r.isNone()) {
+      plan.list_sizes.push_back(-1);
+      plan.outputs.emplace_back();
+    } else {
+      TORCH_CHECK(false, "its Meta kernel returned a ", r.tagKind(), ", not a tensor");
+    }
+  }
+}
+
+void LaunchArgs::begin_task(TaskTensors& task, const MetaPlan& plan) {
+  // An out= resize of the Meta kernel, done on the device tensor now (before
+  // the snapshots, so that the kernel sees the final shape and resizes
+  // nothing); growing keeps the old bytes in stream order.
+  for (const Update& u : updates_) {
+    at::Tensor device = *inputs_[static_cast<size_t>(u.input)].tensor;
+    const size_t nbytes = u.meta.storage().nbytes();
+    if (nbytes > device.storage().nbytes()) {
+      resize_storage_bytes(device.storage(), nbytes);
+    }
+    device.unsafeGetTensorImpl()->set_sizes_and_strides(u.meta.sizes(), u.meta.strides(), u.meta.storage_offset());
+  }
+  task.device = device();
+  fresh_group_base_ = static_cast<int32_t>(groups_.size());
+  task.groups = fresh_group_base_ + static_cast<int32_t>(plan.fresh_nbytes.size());
+  task.tensors.reserve(inputs_.size() + plan.fresh_nbytes.size());
+  for (const Input& in : inputs_) {
+    task.tensors.push_back(TensorSnapshot::of(*in.tensor, in.group));
+  }
+  task.held = std::move(held_);
+  fresh_.resize(plan.fresh_nbytes.size());
+}
+
+at::Tensor LaunchArgs::output(const PlannedTensor& p, const MetaPlan& plan, TaskTensors& task, int32_t* snapshot) {
+  *snapshot = -1;
+  auto over = [&](const c10::Storage& storage) {
+    auto out = at::detail::make_tensor<c10::TensorImpl>(c10::Storage(storage),
+        c10::DispatchKeySet(c10::DispatchKey::PrivateUse1), c10::scalarTypeToTypeMeta(p.dtype));
+    c10::TensorImpl* impl = out.unsafeGetTensorImpl();
+    impl->set_sizes_and_strides(p.sizes, p.strides, p.offset);
+    if (p.conj) {
+      impl->_set_conj(true);
+    }
+    if (p.neg) {
+      impl->_set_neg(true);
+    }
+    return out;
+  };
+  switch (p.kind) {
+    case PlannedTensor::Kind::kUndefined:
+      return at::Tensor();
+    case PlannedTensor::Kind::kArgument:
+      return *inputs_[static_cast<size_t>(p.index)].tensor;
+    case PlannedTensor::Kind::kView:
+      return over(inputs_[static_cast<size_t>(group_first_[static_cast<size_t>(p.index)])].tensor->storage());
+    case PlannedTensor::Kind::kFresh: {
+      c10::Storage& storage = fresh_[static_cast<size_t>(p.index)];
+      if (!storage) {
+        // From the caching allocator on the current stream (a graph's pool
+        // while it captures), as the host would allocate a kernel's output.
+        const size_t nbytes = plan.fresh_nbytes[static_cast<size_t>(p.index)];
+        storage = c10::Storage(c10::Storage::use_byte_size_t(), nbytes, device_allocator()->allocate(nbytes),
+            device_allocator(), /*resizable=*/true);
+      }
+      at::Tensor out = over(storage);
+      *snapshot = static_cast<int32_t>(task.tensors.size());
+      task.tensors.push_back(TensorSnapshot::of(out, fresh_group_base_ + p.index));
+      return out;
+    }
+  }
+  return at::Tensor();
+}
+
+}  // namespace npusim

@@ -1,0 +1,88 @@
+// What an op's Meta kernel said about its outputs, cached per operator and
+// argument signature (meta_cache.cpp). See Note [Cached output metadata].
+#pragma once
+
+#include <ATen/core/Tensor.h>
+#include <c10/util/SmallVector.h>
+
+#include <cstddef>
+#include <cstdint>
+#include <memory>
+#include <string_view>
+#include <vector>
+
+namespace npusim {
+
+// An op's arguments as the words its Meta kernel's answer can depend on:
+// every tensor's dtype, geometry, storage sharing and bits, every other
+// argument's value. Built during the argument walk; not every argument kind
+// has words (then the call is not cached).
+class MetaKey {
+ public:
+  void begin(const void* op) {
+    words_.clear();
+    cacheable_ = true;
+    add(reinterpret_cast<intptr_t>(op));
+  }
+  void add(int64_t word) {
+    words_.push_back(word);
+  }
+  void add(c10::IntArrayRef values) {
+    add(static_cast<int64_t>(values.size()));
+    words_.append(values.begin(), values.end());
+  }
+  void add_string(std::string_view s);
+  // An npu tensor (its storage group: the index of the first argument tensor on its storage).
+  void add_npu_tensor(const at::Tensor& t, int32_t group);
+  // A CPU tensor the kernel reads as it is (a scalar or an index).
+  void add_host_tensor(const at::Tensor& t);
+  // An argument with no words: the call is not cached.
+  void uncacheable() {
+    cacheable_ = false;
+  }
+  bool cacheable() const {
+    return cacheable_;
+  }
+  c10::ArrayRef<int64_t> words() const {
+    return words_;
+  }
+
+ private:
+  c10::SmallVector<int64_t, 64> words_;
+  bool cacheable_ = true;
+};
+
+// One output of the op as the Meta kernel gave it.
+struct PlannedTensor {
+  enum class Kind : uint8_t {
+    kUndefined,
+    kArgument,  // an npu argument itself (in-place and out= ops): index into the argument tensors
+    kView,      // a view of an argument's storage: index is the storage group
+    kFresh,     // new memory: index into MetaPlan::fresh_nbytes
+  };
+  Kind kind = Kind::kUndefined;
+  int32_t index = -1;
+  c10::ScalarType dtype = c10::ScalarType::Undefined;
+  c10::SmallVector<int64_t, 5> sizes;
+  c10::SmallVector<int64_t, 5> strides;
+  int64_t offset = 0;
+  bool conj = false;
+  bool neg = false;
+};
+
+struct MetaPlan {
+  // The op cannot be launched with these arguments (its Meta kernel failed:
+  // no Meta kernel, a data-dependent shape, or arguments the op rejects);
+  // it runs on the host, whose CPU kernel then raises any real error.
+  bool host_only = false;
+  std::vector<PlannedTensor> outputs;  // in return order, lists flattened
+  c10::SmallVector<int32_t, 4> list_sizes;  // per return: -1 a tensor (or None), n a list of n
+  c10::SmallVector<size_t, 4> fresh_nbytes;  // per fresh storage
+};
+
+// This thread's cached plan for `key`, or null.
+const MetaPlan* find_meta_plan(const MetaKey& key);
+// Caches `plan` for `key` on this thread and returns the cached copy.
+const MetaPlan* store_meta_plan(const MetaKey& key, MetaPlan plan);
+
+}  // namespace npusim

@@ -1,0 +1,450 @@
+// The launch of a fallback op as a stream task: see op_launch.h.
+#include "op_launch.h"
+
+#include "intraop_threads.h"
+#include "launch_args.h"
+#include "meta_cache.h"
+#include "op_arguments.h"
+#include "op_task.h"
+#include "op_traits.h"
+
+#include <ATen/core/List.h>
+#include <c10/core/DeviceGuard.h>
+#include <c10/util/Exception.h>
+
+#include <algorithm>
+#include <atomic>
+#include <cstring>
+#include <memory>
+#include <string>
+#include <typeinfo>
+#include <utility>
+
+namespace npusim {
+
+// Note [Compute on the stream]
+// On CUDA a kernel launch returns at once and the kernel runs later on its
+// stream; so does an npu compute op. Every op that reaches the CPU fallback
+// (boxed npu_fallback and the unboxed kernels of the hottest ops) is launched
+// by the host thread in three steps:
+//  1. its arguments are walked under the fallback's device rules (Note
+//     [Device rules of the fallback]), so that a refused op raises at the
+//     call; every npu tensor is recorded with the storage it shares;
+//  2. its outputs' metadata comes from its Meta kernel (wrapping each npu
+//     argument in a Meta tensor) or from this thread's cache of earlier
+//     answers (Note [Cached output metadata]); an out= argument the Meta
+//     kernel resized is resized on the host now (CUDA's resize_output also
+//     runs on the host at launch), and fresh outputs are allocated from the
+//     caching allocator on the current stream, in stream order, exactly
+//     where the host would have allocated them before;
+//  3. a task (OpTask, op_task.h) is enqueued on the current stream of the
+//     op's npu, holding snapshots of the npu tensors as they are now (their
+//     memory and geometry: the host may free, resize or restride a tensor
+//     right after the call), copies of CPU scalars and CPU indices (the host
+//     may change them; CUDA reads them at launch as well), a CPU generator
+//     seeded now from the npu one (so random draws keep the order of their
+//     launches), and the outputs to fill. The worker makes CPU aliases of the
+//     snapshots and runs the CPU kernel on them; the unboxed hot ops call
+//     their out= variant, which writes the host's outputs directly, and any
+//     other op's results are copied into them.
+// Memory the task reads or writes stays valid until it has run: a free
+// waits for every stream with unfinished work (Note [Stream-ordered free]),
+// and every host write to npu memory is itself stream-ordered or waits for
+// the stream (copies, random ops, resizes, ops run on the host). A graph
+// capture is the same launch with "record" instead of "push": the stream
+// hands the task to the capture (NpuStream::enqueue), the allocator serves
+// the outputs from the graph's pool, and a replay runs the same OpTask.
+// A pure view (nothing written, every output an argument's storage) needs
+// no task at all.
+//
+// What the host must see synchronizes, as on CUDA; each of these runs the
+// op on the host after the stream's earlier work (the fallback's host path,
+// wait_current_stream_idle), or under capture raises CUDA's "operation not
+// permitted when stream is capturing" and invalidates the capture:
+//  - ops returning host values (`equal`, `is_nonzero`, `_local_scalar_dense`
+//    and so `.item()`, `.tolist()`, printing; OpTraits::host_only);
+//  - data-dependent output shapes (`nonzero`, `unique`, `masked_select`,
+//    boolean indexing) and ops without a Meta kernel: their Meta kernel
+//    fails, and that answer is cached per signature;
+//  - results a Meta kernel gives on the CPU or in another layout (the host
+//    path raises npu's strided-only error for the latter);
+//  - ops whose CPU kernel is a Python function (a stream worker never takes
+//    the GIL: the host may hold it while it waits for the stream);
+//  - reads of device data by the host itself: copies to pageable host memory,
+//    `.cpu()`, a bernoulli_ whose probabilities the host checks.
+// Random ops of random_ops.cpp take their Philox (seed, offset) on the host at
+// launch and fill on the stream. Small work on an idle stream may be done by
+// the host instead (Note [Work on an idle stream]): its result is the same,
+// in the same stream order. NPUSIM_LAUNCH_BLOCKING=1 makes every launch wait
+// for its task, so every op runs before its call returns.
+
+namespace {
+
+std::atomic<ComputeCostHook> g_compute_cost_hook{nullptr};
+
+// The op's npu for the launch decision, and how many elements its npu
+// tensor arguments hold (the size of its work, roughly).
+struct Prescan {
+  c10::DeviceIndex device = -1;
+  int64_t numel = 0;
+};
+
+void prescan_tensor(const at::Tensor& t, Prescan& scan) {
+  if (t.defined() && t.device().type() == kNpu) {
+    if (scan.device < 0) {
+      scan.device = t.device().index();
+    }
+    scan.numel += t.numel();
+  }
+}
+
+Prescan prescan(const torch::jit::Stack& stack, size_t first) {
+  Prescan scan;
+  for (size_t i = first; i < stack.size(); ++i) {
+    const c10::IValue& v = stack[i];
+    if (v.isTensor()) {
+      prescan_tensor(v.toTensor(), scan);
+    } else if (v.isTensorList() || v.isOptionalTensorList()) {
+      for (const c10::IValue& e : v.toListRef()) {
+        if (e.isTensor()) {
+          prescan_tensor(e.toTensor(), scan);
+        }
+      }
+    } else if (v.isDevice() && v.toDevice().type() == kNpu && scan.device < 0) {
+      scan.device = v.toDevice().index();
+    }
+  }
+  if (scan.device < 0) {
+    scan.device = current_device();
+  }
+  return scan;
+}
+
+std::string first_line(const std::string& s) {
+  return s.substr(0, s.find('\n'));
+}
+
+constexpr const char* kNoMeta =
+    "its output shapes could not be computed on the meta device (data-dependent shape or no meta kernel)";
+
+// One boxed launch: the walk of the stack's arguments into the task's slots,
+// the plan from the cache or the dispatcher's Meta kernel, the task.
+class BoxedLaunch {
+ public:
+  BoxedLaunch(const c10::OperatorHandle& op, const OpTraits& traits) : op_(op), traits_(traits), args_(op) {}
+
+  void walk(const torch::jit::Stack& stack, size_t first) {
+    const size_t n = op_.schema().arguments().size();
+    slots_.reserve(n);
+    for (size_t i = 0; i < n; ++i) {
+      add_argument(stack[first + i], traits_.uses[i], traits_.generator[i]);
+    }
+  }
+
+  c10::DeviceIndex device() const {
+    return args_.device();
+  }
+  const LaunchArgs& args() const {
+    return args_;
+  }
+
+  // The outputs' plan, from the cache or the Meta kernel; null when the op
+  // must run on the host (why_host() says why).
+  const MetaPlan* plan() {
+    const bool hook = compute_cost_hook() != nullptr;
+    if (!hook) {
+      if (const MetaPlan* cached = find_meta_plan(args_.key())) {
+        why_host_ = kNoMeta;
+        return cached->host_only ? nullptr : cached;
+      }
+    }
+    MetaPlan plan;
+    try {
+      run_meta(hook);
+      args_.plan_from_meta(meta_outputs_, plan);
+    } catch (const std::exception& e) {
+      why_host_ = c10::str(kNoMeta, ": ", first_line(e.what()));
+      plan = MetaPlan();
+      plan.host_only = true;
+    }
+    if (args_.key().cacheable() && !hook && !args_.resizes_arguments()) {
+      const MetaPlan* stored = store_meta_plan(args_.key(), std::move(plan));
+      return stored->host_only ? nullptr : stored;
+    }
+    own_plan_ = std::move(plan);
+    return own_plan_.host_only ? nullptr : &own_plan_;
+  }
+
+  const std::string& why_host() const {
+    return why_host_;
+  }
+
+  // Allocates the outputs, enqueues the task on `stream` and replaces the
+  // arguments on `stack` with the outputs.
+  void commit(const MetaPlan& plan, NpuStream& stream, torch::jit::Stack* stack, size_t first) {
+    c10::OptionalDeviceGuard guard;
+    if (current_device() != device()) {
+      guard.reset_device(c10::Device(kNpu, device()));  // outputs come from the op's device (and its graph pool)
+    }
+    follow_user_intraop_threads();  // Note [Intra-op threads of autograd's npu thread]
+    auto task = std::make_shared<OpTask>(op_);
+    task->name = traits_.name;
+    args_.begin_task(*task, plan);
+    std::vector<c10::IValue> outputs;
+    outputs.reserve(plan.list_sizes.size());
+    size_t next = 0;
+    auto output = [&](size_t ret, int32_t elem) {
+      int32_t snapshot = -1;
+      at::Tensor out = args_.output(plan.outputs[next++], plan, *task, &snapshot);
+      if (snapshot >= 0) {
+        task->fresh.push_back(FreshOutput{static_cast<uint32_t>(ret), elem, snapshot});
+      }
+      return out;
+    };
+    for (size_t ret = 0; ret < plan.list_sizes.size(); ++ret) {
+      const int32_t n = plan.list_sizes[ret];
+      if (n < 0) {
+        at::Tensor out = output(ret, -1);
+        const bool optional = op_.schema().returns()[ret].type()->kind() == c10::TypeKind::OptionalType;
+        outputs.emplace_back(!out.defined() && optional ? c10::IValue() : c10::IValue(std::move(out)));
+        continue;
+      }
+      c10::List<at::Tensor> list;
+      list.reserve(static_cast<size_t>(n));
+      for (int32_t j = 0; j < n; ++j) {
+        list.push_back(output(ret, j));
+      }
+      outputs.emplace_back(std::move(list));
+    }
+    for (size_t i = 0; i < slots_.size(); ++i) {
+      if (generator_slots_ & (uint64_t{1} << i)) {
+        // As the host run does: a CPU generator seeded from the npu one, now.
+        slots_[i].value = c10::IValue(cpu_generator_argument(slots_[i].value, args_.rules()));
+      }
+    }
+    task->args = std::move(slots_);
+    // A pure view (nothing written, every output an argument's storage)
+    // needs no task; an op without outputs runs for its effect (an assert).
+    if (args_.written() || !task->fresh.empty() || plan.outputs.empty()) {
+      const ComputeCostHook hook = compute_cost_hook();
+      const double duration_us = hook != nullptr ? hook(op_, meta_inputs_, meta_outputs_) : 0.0;
+      stream.enqueue([task = std::shared_ptr<const OpTask>(std::move(task))] { task->run(); }, duration_us,
+          traits_.name);
+    }
+    stack->erase(stack->begin() + static_cast<std::ptrdiff_t>(first), stack->end());
+    for (c10::IValue& v : outputs) {
+      stack->push_back(std::move(v));
+    }
+  }
+
+ private:
+  void add_argument(const c10::IValue& v, ArgUse use, bool generator) {
+    MetaKey& key = args_.key();
+    ArgSlot slot;
+    if (generator) {
+      generator_slots_ |= uint64_t{1} << slots_.size();
+      slot.value = v;
+      key.add(v.isNone() ? 0x6e01 : 0x6e02);
+    } else if (v.isTensor()) {
+      slot.kind = ArgSlot::Kind::kTensor;
+      slot.refs.push_back(args_.tensor(v.toTensor(), use));
+    } else if (v.isTensorList()) {
+      slot.kind = ArgSlot::Kind::kTensorList;
+      const auto& list = v.toListRef();
+      key.add(0x6e03);
+      key.add(static_cast<int64_t>(list.size()));
+      for (const c10::IValue& e : list) {
+        slot.refs.push_back(args_.tensor(e.toTensor(), use));
+      }
+    } else if (v.isOptionalTensorList()) {
+      slot.kind = ArgSlot::Kind::kOptionalTensorList;
+      const auto& list = v.toListRef();
+      key.add(0x6e04);
+      key.add(static_cast<int64_t>(list.size()));
+      for (const c10::IValue& e : list) {
+        if (e.isNone()) {
+          key.add(0x6e05);
+          slot.refs.push_back(kUndefinedRef);
+        } else {
+          slot.refs.push_back(args_.tensor(e.toTensor(), ArgUse::kIndex));
+        }
+      }
+    } else if (v.isDevice() && v.toDevice().type() == kNpu) {
+      args_.rules().admit_device(v.toDevice());
+      key.add(0x6e06);
+      key.add(args_.device());
+      slot.value = c10::IValue(c10::Device(c10::DeviceType::CPU));
+      npu_device_slots_ |= uint64_t{1} << slots_.size();
+    } else {
+      add_value_words(key, v);
+      slot.value = v;
+    }
+    slots_.push_back(std::move(slot));
+  }
+
+  static void add_double(MetaKey& key, double d) {
+    int64_t bits = 0;
+    std::memcpy(&bits, &d, sizeof(bits));
+    key.add(bits);
+  }
+
+  static void add_value_words(MetaKey& key, const c10::IValue& v) {
+    if (v.isNone()) {
+      key.add(0x6e10);
+    } else if (v.isInt()) {
+      key.add(0x6e11);
+      key.add(v.toInt());
+    } else if (v.isDouble()) {
+      key.add(0x6e12);
+      add_double(key, v.toDouble());
+    } else if (v.isBool()) {
+      key.add(0x6e13 + static_cast<int64_t>(v.toBool()));
+    } else if (v.isString()) {
+      key.add_string(v.toStringView());
+    } else if (v.isIntList()) {
+      key.add(0x6e15);
+      const c10::List<int64_t> list = v.toIntList();
+      key.add(static_cast<int64_t>(list.size()));
+      for (const int64_t x : list) {
+        key.add(x);
+      }
+    } else if (v.isDevice()) {
+      key.add(0x6e16);
+      key.add(static_cast<int64_t>(v.toDevice().type()) * 1000 + v.toDevice().index());
+    } else if (v.isComplexDouble()) {
+      key.add(0x6e17);
+      const c10::complex<double> c = v.toComplexDouble();
+      add_double(key, c.real());
+      add_double(key, c.imag());
+    } else if (v.isDoubleList()) {
+      key.add(0x6e18);
+      for (const double d : v.toDoubleList()) {
+        add_double(key, d);
+      }
+    } else if (v.isBoolList()) {
+      key.add(0x6e19);
+      for (const bool b : v.toBoolList()) {
+        key.add(b);
+      }
+    } else {
+      key.uncacheable();  // a kind with no words (symbolic ints, objects, tuples)
+    }
+  }
+
+  // Runs the dispatcher's Meta kernel (C++, or Python for the ops whose Meta
+  // kernels torch._meta_registrations provides) on the Meta stand-ins.
+  void run_meta(bool keep_inputs) {
+    args_.make_meta();
+    torch::jit::Stack stack;
+    stack.reserve(slots_.size());
+    for (size_t i = 0; i < slots_.size(); ++i) {
+      const ArgSlot& slot = slots_[i];
+      switch (slot.kind) {
+        case ArgSlot::Kind::kValue:
+          stack.push_back(npu_device_slots_ & (uint64_t{1} << i) ? c10::IValue(c10::Device(c10::DeviceType::Meta))
+                                                                 : slot.value);
+          break;
+        case ArgSlot::Kind::kTensor:
+          stack.emplace_back(args_.meta(slot.refs[0]));
+          break;
+        case ArgSlot::Kind::kTensorList: {
+          c10::List<at::Tensor> list;
+          for (const int32_t ref : slot.refs) {
+            list.push_back(args_.meta(ref));
+          }
+          stack.emplace_back(std::move(list));
+          break;
+        }
+        case ArgSlot::Kind::kOptionalTensorList: {
+          c10::List<std::optional<at::Tensor>> list;
+          for (const int32_t ref : slot.refs) {
+            list.push_back(ref == kUndefinedRef ? std::nullopt : std::optional<at::Tensor>(args_.meta(ref)));
+          }
+          stack.emplace_back(std::move(list));
+          break;
+        }
+      }
+    }
+    if (keep_inputs) {
+      meta_inputs_ = stack;  // for the compute-cost hook
+    }
+    at::ScalarType stats_dtype = at::ScalarType::Undefined;
+    if (traits_.stats_dtype_from >= 0) {  // Note [Statistics dtypes of CPU norms] (op_traits.cpp)
+      const c10::IValue& weight = stack[static_cast<size_t>(traits_.stats_dtype_from)];
+      stats_dtype = (weight.isTensor() && weight.toTensor().defined() ? weight : stack[0]).toTensor().scalar_type();
+    }
+    op_.redispatchBoxed(c10::DispatchKeySet(c10::DispatchKey::Meta), &stack);
+    if (stats_dtype != at::ScalarType::Undefined) {
+      for (size_t i = 1; i < std::min<size_t>(stack.size(), 3); ++i) {  // save_mean, save_rstd
+        if (stack[i].isTensor() && stack[i].toTensor().defined()) {
+          stack[i] = stack[i].toTensor().to(stats_dtype);
+        }
+      }
+    }
+    meta_outputs_ = std::move(stack);
+  }
+
+  const c10::OperatorHandle& op_;
+  const OpTraits& traits_;
+  LaunchArgs args_;
+  std::vector<ArgSlot> slots_;
+  uint64_t generator_slots_ = 0;
+  uint64_t npu_device_slots_ = 0;
+  std::vector<c10::IValue> meta_inputs_;
+  std::vector<c10::IValue> meta_outputs_;
+  MetaPlan own_plan_;
+  std::string why_host_;
+};
+
+}  // namespace
+
+void set_compute_cost_hook(ComputeCostHook hook) {
+  g_compute_cost_hook.store(hook, std::memory_order_release);
+}
+
+ComputeCostHook compute_cost_hook() {
+  return g_compute_cost_hook.load(std::memory_order_acquire);
+}
+
+// Note [Work on an idle stream] has the rule; kHostComputeMaxElements is its threshold for compute.
+constexpr int64_t kHostComputeMaxElements = 1 << 14;
+
+bool compute_on_the_host_now(const NpuStream& stream, int64_t numel) {
+  return done_on_the_host_now(stream) && compute_cost_hook() == nullptr &&
+      (launch_blocking() || numel <= kHostComputeMaxElements);
+}
+
+bool launch_boxed(const c10::OperatorHandle& op, torch::jit::Stack* stack) {
+  const OpTraits& traits = op_traits(op);
+  const size_t first = stack->size() - op.schema().arguments().size();
+  const Prescan scan = prescan(*stack, first);
+  NpuStream& stream = current_stream(scan.device);
+  StreamCapture* const capture = stream.capture();
+  if (capture == nullptr && (traits.host_only != nullptr || compute_on_the_host_now(stream, scan.numel))) {
+    return false;
+  }
+  BoxedLaunch launch(op, traits);
+  launch.walk(*stack, first);  // the device rules raise here, captured or not
+  if (traits.host_only != nullptr) {
+    capture->invalidate(c10::str("operation not permitted when stream is capturing: ", traits.name, " ",
+        traits.host_only));
+  }
+  NpuStream& target = current_stream(launch.device());
+  const MetaPlan* plan = launch.plan();
+  if (target.capture() != nullptr) {
+    if (plan == nullptr) {
+      target.capture()->invalidate(c10::str("npu graph capture: ", traits.name, " cannot be captured: ",
+          launch.why_host()));
+    }
+    if (launch.args().resizes_arguments()) {
+      target.capture()->invalidate(c10::str("npu graph capture: ", launch.args().resize_message(),
+          " during capture; allocate outputs with their final shape before capturing"));
+    }
+  } else if (plan == nullptr) {
+    return false;
+  }
+  launch.commit(*plan, target, stack, first);
+  return true;
+}
+
+}  // namespace npusim

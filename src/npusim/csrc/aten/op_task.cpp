@@ -1,0 +1,86 @@
+// A launched op's task, run by the stream worker: see op_task.h.
+#include "op_task.h"
+
+#include "host_transfer.h"
+#include "intraop_threads.h"
+
+#include <ATen/core/List.h>
+#include <c10/util/Exception.h>
+
+namespace npusim {
+
+at::Tensor TaskAliases::get(int32_t ref) {
+  if (ref == kUndefinedRef) {
+    return at::Tensor();
+  }
+  if (ref < 0) {
+    return tensors_.held[static_cast<size_t>(-2 - ref)];
+  }
+  const TensorSnapshot& s = tensors_.tensors[static_cast<size_t>(ref)];
+  c10::Storage& shared = storages_[static_cast<size_t>(s.group)];
+  at::Tensor alias = take_cpu_alias(s.source(), shared ? &shared : nullptr);
+  if (!shared) {
+    shared = alias.storage();
+  }
+  return alias;
+}
+
+void TaskAliases::place(const at::Tensor& result, int32_t snapshot, const char* op) {
+  TORCH_CHECK(result.defined(), op, ": the CPU kernel returned no tensor where the Meta kernel returned one");
+  const TensorSnapshot& planned = tensors_.tensors[static_cast<size_t>(snapshot)];
+  TORCH_CHECK(result.sizes().equals(planned.sizes), op, ": the CPU kernel's result has shape ", result.sizes(),
+      " where the Meta kernel's has shape ", c10::IntArrayRef(planned.sizes));
+  const bool there = result.data_ptr() ==
+          static_cast<char*>(planned.data) + planned.offset * static_cast<int64_t>(c10::elementSize(planned.dtype)) &&
+      result.sizes().equals(planned.sizes) && result.strides().equals(planned.strides) &&
+      result.scalar_type() == planned.dtype && result.is_conj() == planned.conj && result.is_neg() == planned.neg;
+  if (!there) {
+    host_copy(get(snapshot), result);
+  }
+}
+
+KernelScope::KernelScope() {
+  apply_user_intraop_threads();  // Note [Intra-op threads of autograd's npu thread]
+}
+
+void OpTask::run() const {
+  const KernelScope scope;
+  TaskAliases aliases(*this);
+  torch::jit::Stack stack;
+  stack.reserve(args.size());
+  for (const ArgSlot& arg : args) {
+    switch (arg.kind) {
+      case ArgSlot::Kind::kValue:
+        stack.push_back(arg.value);
+        break;
+      case ArgSlot::Kind::kTensor:
+        stack.emplace_back(aliases.get(arg.refs[0]));
+        break;
+      case ArgSlot::Kind::kTensorList: {
+        c10::List<at::Tensor> list;
+        list.reserve(arg.refs.size());
+        for (const int32_t ref : arg.refs) {
+          list.push_back(aliases.get(ref));
+        }
+        stack.emplace_back(std::move(list));
+        break;
+      }
+      case ArgSlot::Kind::kOptionalTensorList: {
+        c10::List<std::optional<at::Tensor>> list;
+        list.reserve(arg.refs.size());
+        for (const int32_t ref : arg.refs) {
+          list.push_back(ref == kUndefinedRef ? std::nullopt : std::optional<at::Tensor>(aliases.get(ref)));
+        }
+        stack.emplace_back(std::move(list));
+        break;
+      }
+    }
+  }
+  op.redispatchBoxed(c10::DispatchKeySet(c10::DispatchKey::CPU), &stack);
+  for (const FreshOutput& f : fresh) {
+    const c10::IValue& r = stack[f.ret];
+    aliases.place(f.elem < 0 ? r.toTensor() : r.toTensorList().get(static_cast<size_t>(f.elem)), f.snapshot, name);
+  }
+}
+
+}  // namespace npusim

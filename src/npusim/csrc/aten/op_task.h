@@ -1,0 +1,99 @@
+// One compute op as a stream task (op_task.cpp): the CPU kernel's tensors as
+// the host saw them at launch, turned into CPU aliases on the stream's worker
+// when the task runs, and the outputs the host allocated for its results. A
+// graph replays the same task. See Note [Compute on the stream]
+// (op_launch.cpp).
+#pragma once
+
+#include "cpu_aliases.h"
+
+#include <ATen/core/LegacyTypeDispatch.h>
+#include <ATen/core/Tensor.h>
+#include <ATen/core/dispatch/Dispatcher.h>
+#include <ATen/core/ivalue.h>
+#include <c10/util/SmallVector.h>
+
+#include <cstdint>
+#include <vector>
+
+namespace npusim {
+
+// A tensor the kernel gets: >= 0 a snapshot (an npu tensor), kUndefinedRef,
+// or held_ref(i) (a CPU tensor held by the task).
+constexpr int32_t kUndefinedRef = -1;
+constexpr int32_t held_ref(size_t i) {
+  return -2 - static_cast<int32_t>(i);
+}
+
+// The tensors of a task: snapshots of npu tensors (inputs and the outputs the
+// host allocated) and the CPU tensors it holds.
+struct TaskTensors {
+  c10::DeviceIndex device = 0;
+  int32_t groups = 0;  // storages among the snapshots
+  std::vector<TensorSnapshot> tensors;
+  std::vector<at::Tensor> held;  // CPU scalars and indices, as the host saw them at launch
+};
+
+// The CPU tensors of one run of a task, made on first use: snapshots of one
+// storage share one CPU storage, as kernels that check overlap expect.
+class TaskAliases {
+ public:
+  explicit TaskAliases(const TaskTensors& tensors)
+      : tensors_(tensors), storages_(static_cast<size_t>(tensors.groups)) {}
+  at::Tensor get(int32_t ref);
+  // Puts a kernel's `result` into the output of snapshot `snapshot` unless
+  // the kernel wrote it there already.
+  void place(const at::Tensor& result, int32_t snapshot, const char* op);
+
+ private:
+  const TaskTensors& tensors_;
+  c10::SmallVector<c10::Storage, 4> storages_;
+};
+
+// What a task's CPU kernel runs under on the worker: the user's intra-op
+// threads, and below autograd (as on the host, where the kernel is reached
+// from below the autograd and view keys). Its own allocations (temporaries,
+// results to copy into the outputs) are host memory, not the caching
+// allocator's: see Note [CPU kernels allocate device memory].
+class KernelScope {
+ public:
+  KernelScope();
+
+ private:
+  at::AutoDispatchBelowADInplaceOrView below_autograd_;
+};
+
+// One schema argument of a boxed kernel.
+struct ArgSlot {
+  enum class Kind : uint8_t { kValue, kTensor, kTensorList, kOptionalTensorList };
+  Kind kind = Kind::kValue;
+  c10::IValue value;  // kValue
+  c10::SmallVector<int32_t, 1> refs;  // the tensors, in order (kOptionalTensorList: kUndefinedRef is None)
+};
+
+// A result of the kernel to place in an output the host allocated.
+struct FreshOutput {
+  uint32_t ret;      // return index
+  int32_t elem;      // -1: the return is a tensor, else an index into its list
+  int32_t snapshot;  // the output's snapshot
+};
+
+// A boxed op's task.
+class OpTask : public TaskTensors {
+ public:
+  // The op the task calls; its results are copied into the outputs the
+  // host allocated (an out= variant would spare the copy, but not every
+  // out= kernel computes what its functional op does: mse_loss.out resizes a
+  // reduced output). The unboxed hot ops do call their out= variants.
+  c10::OperatorHandle op;
+  const char* name = nullptr;
+  std::vector<ArgSlot> args;
+  std::vector<FreshOutput> fresh;
+
+  explicit OpTask(const c10::OperatorHandle& handle) : op(handle) {}
+
+  // Runs the CPU kernel; may run again (a graph's replay).
+  void run() const;
+};
+
+}  // namespace npusim

@@ -1,0 +1,128 @@
+// Per-operator facts the launch of a fallback op reads: see op_traits.h.
+#include "op_traits.h"
+
+#include <c10/util/Exception.h>
+
+#include <memory>
+#include <mutex>
+#include <string>
+#include <unordered_map>
+
+namespace npusim {
+namespace {
+
+// Whether every return is a tensor (or a list of them): anything else is a
+// value computed from device data, which the host must wait for.
+bool returns_only_tensors(const c10::FunctionSchema& schema) {
+  for (const c10::Argument& ret : schema.returns()) {
+    const c10::TypePtr& type = ret.type();
+    const bool tensor = type->kind() == c10::TypeKind::TensorType ||
+        (type->kind() == c10::TypeKind::ListType &&
+            type->castRaw<c10::ListType>()->getElementType()->kind() == c10::TypeKind::TensorType) ||
+        (type->kind() == c10::TypeKind::OptionalType &&
+            type->castRaw<c10::OptionalType>()->getElementType()->kind() == c10::TypeKind::TensorType);
+    if (!tensor) {
+      return false;
+    }
+  }
+  return true;
+}
+
+// Whether the CPU kernel the fallback would run is written in Python: a
+// stream worker never takes the GIL (the host may hold it while it waits for
+// the stream), so such an op runs on the host. The dispatcher records where
+// each kernel was registered; C++ registrations name a C++ source file.
+bool cpu_kernel_is_python(const c10::OperatorHandle& op) {
+  const std::string table = op.dumpComputedTable();
+  const size_t line = table.find("\nCPU: ") != std::string::npos ? table.find("\nCPU: ") + 1
+      : (table.rfind("CPU: ", 0) == 0 ? 0 : std::string::npos);
+  if (line == std::string::npos) {
+    return false;  // no CPU kernel: the host path raises PyTorch's error
+  }
+  const std::string entry = table.substr(line, table.find('\n', line) - line);
+  for (const char* cxx : {".cpp:", ".cc:", ".h:", ".hpp:", ".cu:"}) {
+    if (entry.find(cxx) != std::string::npos) {
+      return false;
+    }
+  }
+  return true;
+}
+
+// Note [Statistics dtypes of CPU norms]
+// A compute task's outputs are allocated at launch from the Meta kernel's
+// answer, and a later op's CPU kernel reads them. For a reduced-precision
+// input the Meta kernels of layer and batch norm return their saved mean
+// and rstd in float32 (CUDA's accumulate type), while CPU's kernels return
+// them in the weight's dtype (float32 only for a float32 weight, else the
+// input's) and CPU's backward kernels insist on that dtype ("expected scalar
+// type BFloat16 but found Float"). The statistics are the op's own
+// intermediates, only its backward reads them, so they take CPU's dtype:
+// what the host run gives, and what the backward's CPU kernel accepts.
+// `weight` is the schema index of the weight argument.
+struct NormStats {
+  const char* name;
+  int weight;
+};
+constexpr NormStats kCpuNormStats[] = {
+    {"aten::native_layer_norm", 2},
+    {"aten::native_batch_norm", 1},
+    {"aten::_native_batch_norm_legit", 1},
+    {"aten::_native_batch_norm_legit_no_training", 1},
+    {"aten::_native_batch_norm_legit_functional", 1},
+};
+
+std::unique_ptr<OpTraits> make_traits(const c10::OperatorHandle& op) {
+  auto traits = std::make_unique<OpTraits>();
+  const c10::FunctionSchema& schema = op.schema();
+  const c10::OperatorName& name = schema.operator_name();
+  // Leaked: tasks and traces refer to it for the life of the process.
+  traits->name = (new std::string(name.overload_name.empty() ? name.name : name.name + "." + name.overload_name))
+                     ->c_str();
+  for (const c10::Argument& arg : schema.arguments()) {
+    traits->uses.push_back(use_of(arg));
+    traits->generator.push_back(is_optional_generator(arg));
+  }
+  for (const NormStats& norm : kCpuNormStats) {
+    if (name.name == norm.name) {
+      traits->stats_dtype_from = norm.weight;
+    }
+  }
+  if (!returns_only_tensors(schema)) {
+    traits->host_only = "returns a host value computed from device data";
+  } else if (cpu_kernel_is_python(op)) {
+    traits->host_only = "its CPU kernel is a Python function";
+  }
+  return traits;
+}
+
+std::mutex& g_traits_mutex = *new std::mutex();
+std::unordered_map<const void*, std::unique_ptr<OpTraits>>& g_traits =
+    *new std::unordered_map<const void*, std::unique_ptr<OpTraits>>();
+thread_local std::unordered_map<const void*, const OpTraits*> tls_traits;
+
+}  // namespace
+
+const OpTraits& op_traits(const c10::OperatorHandle& op) {
+  const void* key = &op.schema();  // one per operator, for the life of the registration
+  const auto mine = tls_traits.find(key);
+  if (mine != tls_traits.end()) {
+    return *mine->second;
+  }
+  const OpTraits* traits = nullptr;
+  {
+    std::lock_guard<std::mutex> lock(g_traits_mutex);
+    auto& slot = g_traits[key];
+    if (!slot) {
+      slot = make_traits(op);
+    }
+    traits = slot.get();
+  }
+  tls_traits.emplace(key, traits);
+  return *traits;
+}
+
+const char* interned_op_name(const c10::OperatorHandle& op) {
+  return op_traits(op).name;
+}
+
+}  // namespace npusim

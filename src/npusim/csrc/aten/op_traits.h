@@ -1,0 +1,37 @@
+// What the launch of a fallback op needs to know about the operator itself,
+// worked out once per operator (op_traits.cpp): its name for tasks and
+// errors, whether it must run on the host, and its arguments' uses. See Note [Compute on the stream] (op_launch.cpp).
+#pragma once
+
+#include "op_arguments.h"
+
+#include <ATen/core/dispatch/Dispatcher.h>
+#include <c10/util/SmallVector.h>
+
+
+namespace npusim {
+
+struct OpTraits {
+  // "aten::add.Tensor": the task's name in errors and profiler traces,
+  // interned (it lives as long as the process, as NpuStream::enqueue needs).
+  const char* name = nullptr;
+  // Why the op cannot be a stream task and runs on the host after the
+  // stream's earlier work; null when it can be one.
+  const char* host_only = nullptr;
+  // Normalization ops whose CPU kernel returns its statistics in another
+  // dtype than its Meta kernel (Note [Statistics dtypes of CPU norms]):
+  // the schema index of the argument whose dtype the statistics returns
+  // take (the weight; the input when it is undefined), or -1.
+  int stats_dtype_from = -1;
+  // Per schema argument: how the op uses it, and whether it is a Generator?.
+  c10::SmallVector<ArgUse, 8> uses;
+  c10::SmallVector<bool, 8> generator;
+};
+
+// The traits of `op`; computed on first use, then one lookup.
+const OpTraits& op_traits(const c10::OperatorHandle& op);
+
+// The op's name as op_traits gives it, for ops known at compile time.
+const char* interned_op_name(const c10::OperatorHandle& op);
+
+}  // namespace npusim
