@@ -1,10 +1,14 @@
-"""Where CPU's kernel is stricter than CUDA's, npu follows CUDA: mixed-dtype batch norm."""
+"""Where CPU's kernel is stricter than CUDA's, npu follows CUDA: mixed-dtype batch norm (and where
+CUDA's fused backward refuses the mix), integer histc, bool abs / softsign / trace."""
 
 from __future__ import annotations
 
 import pytest
 import torch
+import torch.distributed as dist
+import torch.nn as nn
 import torch.nn.functional as F  # noqa: N812  (the usual name)
+from torch.distributed.fsdp import MixedPrecisionPolicy, fully_shard
 from torch.testing import assert_close
 
 import npusim  # noqa: F401
@@ -17,9 +21,10 @@ def _stats(c: int) -> tuple[torch.Tensor, torch.Tensor]:
 @pytest.mark.parametrize("dtype", [torch.float16, torch.bfloat16])
 @pytest.mark.parametrize("training", [True, False], ids=["train", "eval"])
 def test_reduced_input_and_weights_with_fp32_running_stats(dtype, training):
-    """FSDP2 mixed precision: bf16/fp16 input and weights, fp32 running stats, as CUDA computes them (in fp32)."""
+    """FSDP2 mixed precision: bf16/fp16 (N, C) input and weights, fp32 running stats, as CUDA computes them
+    (in fp32; an (N, C) input takes CUDA's channels-last kernels, which accept the mix)."""
     torch.manual_seed(0)
-    x = torch.randn(8, 4, 5)
+    x = torch.randn(8, 4)
     w, b = torch.rand(4) + 0.5, torch.randn(4)
     mean, var = _stats(4)
     with pytest.raises(RuntimeError):  # CPU's kernel refuses this mix
@@ -69,3 +74,227 @@ def test_uniform_dtype_batch_norm_is_cpu_exact():
     ref = m(x)
     out = m.npu()(x.npu())
     assert torch.equal(out.cpu(), ref)
+
+
+FUSED_BACKWARD_ERROR = "Expected running_mean to have type {} but got Float"
+
+
+@pytest.mark.parametrize("dtype", [torch.float16, torch.bfloat16])
+@pytest.mark.parametrize("shape", [(3, 5, 7), (3, 5, 7, 7)], ids=["NCL", "NCHW"])
+@pytest.mark.parametrize("training", [True, False], ids=["train", "eval"])
+def test_fused_backward_refuses_reduced_weights_with_fp32_stats(dtype, shape, training):
+    """CUDA's fused backward (NCHW-like input) reads weight and running stats in one dtype: bf16/fp16 weights
+    with fp32 stats raise CUDA's error in backward; the forward computes; fp32 weights, or channels_last, compute."""
+    x = torch.randn(*shape, dtype=dtype, device="npu", requires_grad=True)
+    w = torch.ones(5, dtype=dtype, device="npu", requires_grad=True)
+    b = torch.zeros(5, dtype=dtype, device="npu", requires_grad=True)
+    out = F.batch_norm(x, torch.zeros(5, device="npu"), torch.ones(5, device="npu"), w, b, training)
+    assert out.dtype == dtype
+    name = "BFloat16" if dtype == torch.bfloat16 else "Half"
+    with pytest.raises(RuntimeError, match=FUSED_BACKWARD_ERROR.format(name)):
+        out.sum().backward()
+    assert x.grad is None and w.grad is None
+    w32, b32 = w.detach().float().requires_grad_(), b.detach().float().requires_grad_()
+    F.batch_norm(x, torch.zeros(5, device="npu"), torch.ones(5, device="npu"), w32, b32, training).sum().backward()
+    assert x.grad.dtype == dtype and w32.grad.dtype == torch.float32
+    if len(shape) == 4:
+        xl = x.detach().to(memory_format=torch.channels_last).requires_grad_()
+        F.batch_norm(xl, torch.zeros(5, device="npu"), torch.ones(5, device="npu"), w, b, training).sum().backward()
+        assert xl.grad.dtype == dtype and w.grad.dtype == dtype
+
+
+@pytest.mark.parametrize("param_dtype", [torch.bfloat16, torch.float16], ids=["bf16", "fp16"])
+def test_fsdp2_norm_modules_follow_cuda(param_dtype):
+    """PyTorch's test_fully_shard_mixed_precision.py _test_norm_modules on a one-rank npu group: LayerNorm and
+    BatchNorm1d train, BatchNorm2d with fp32 buffers raises CUDA's error in backward, and trains with its
+    buffers cast down or with an output_dtype-only policy."""
+    dist.init_process_group("hccl", store=dist.HashStore(), rank=0, world_size=1, device_id=torch.device("npu", 0))
+    try:
+        policy = MixedPrecisionPolicy(param_dtype=param_dtype)
+
+        def sharded(*modules: nn.Module, norm_policy: MixedPrecisionPolicy = policy) -> nn.Sequential:
+            model = nn.Sequential(*modules).to("npu")
+            fully_shard(model[1], mp_policy=norm_policy)
+            for module in (model[0], model[2], model):
+                fully_shard(module, mp_policy=policy)
+            return model
+
+        def step(model: nn.Module, x: torch.Tensor) -> None:
+            z = model(x.npu())
+            assert z.dtype == param_dtype
+            z.sum().backward()
+
+        step(sharded(nn.Linear(32, 32), nn.LayerNorm(32), nn.Linear(32, 32)), torch.randn(4, 32))
+        step(sharded(nn.Linear(32, 32), nn.BatchNorm1d(32), nn.Linear(32, 32)), torch.randn(4, 32))
+        convs = (nn.Conv2d(1, 5, 3), nn.BatchNorm2d(5), nn.Conv2d(5, 4, 3))
+        name = "BFloat16" if param_dtype == torch.bfloat16 else "Half"
+        with pytest.raises(RuntimeError, match=FUSED_BACKWARD_ERROR.format(name)):
+            step(sharded(*convs), torch.randn(3, 1, 9, 9))
+        model = sharded(nn.Conv2d(1, 5, 3), nn.BatchNorm2d(5), nn.Conv2d(5, 4, 3))
+        model[1].running_mean = model[1].running_mean.to(param_dtype)
+        model[1].running_var = model[1].running_var.to(param_dtype)
+        step(model, torch.randn(3, 1, 9, 9))
+        step(sharded(nn.Conv2d(1, 5, 3), nn.BatchNorm2d(5), nn.Conv2d(5, 4, 3),
+                     norm_policy=MixedPrecisionPolicy(output_dtype=param_dtype)), torch.randn(3, 1, 9, 9))
+    finally:
+        dist.destroy_process_group()
+
+
+# ---- dtypes CUDA accepts and CPU refuses (Note [Dtypes CUDA accepts and CPU refuses]) -------------
+
+def _histc_cuda(values: list[int], bins: int, lo: float, hi: float) -> list[int]:
+    """CUDA's _histc_cuda for integer input, in plain Python: int64 bounds, integer bin arithmetic."""
+    lo_i, hi_i = int(lo), int(hi)
+    if lo_i == hi_i and values:
+        lo_i, hi_i = min(values), max(values)
+    if lo_i == hi_i:
+        lo_i, hi_i = lo_i - 1, hi_i + 1
+    counts = [0] * bins
+    for v in values:
+        if lo_i <= v <= hi_i:
+            counts[min((v - lo_i) * bins // (hi_i - lo_i), bins - 1)] += 1
+    return counts
+
+
+INTEGRAL = (torch.uint8, torch.int8, torch.int16, torch.int32, torch.int64)
+
+
+def _cuda_only_dtypes() -> dict[str, set[torch.dtype]]:
+    """OpInfo's dtypes CUDA lists and CPU does not, by op full name."""
+    from torch.testing._internal.common_methods_invocations import op_db
+
+    return {op.full_name: set(op.dtypesIfCUDA) - set(op.dtypes) for op in op_db
+            if op.dtypesIfCUDA is not None and set(op.dtypesIfCUDA) - set(op.dtypes)}
+
+
+REDUCED = {torch.float16, torch.bfloat16}
+# (op, dtypes) npu computes as CUDA defines them; see Note [Dtypes CUDA accepts and CPU refuses].
+COMPUTED_AS_CUDA = {
+    "histc": set(INTEGRAL), "abs": {torch.bool}, "nn.functional.softsign": {torch.bool}, "trace": {torch.bool},
+    "nansum": {torch.complex64, torch.complex128}, "nanmean": {torch.complex64, torch.complex128},
+    "nn.functional.avg_pool3d": REDUCED, "_upsample_bilinear2d_aa": REDUCED,
+    "nn.functional.multi_margin_loss": REDUCED, "nn.functional.multilabel_margin_loss": REDUCED,
+    "nn.functional.rrelu": {torch.float16},
+}
+
+
+def _not_honoured(name: str, dtype: torch.dtype) -> bool:
+    """complex32, fp16 fft and CUDA's fused attention kernels (no CPU kernel at all), with the Note's reasons."""
+    return dtype == torch.complex32 or name.startswith(("fft.", "torch.ops.aten._"))
+
+
+def _on_npu(value):
+    return value.npu() if isinstance(value, torch.Tensor) else value
+
+
+def _to_cpu(tree):
+    return torch.utils._pytree.tree_map(lambda t: t.cpu() if isinstance(t, torch.Tensor) else t, tree)
+
+
+def _check_cuda_only(op, name: str, dtype: torch.dtype) -> None:
+    """The first two samples of ``op`` in ``dtype``: CUDA's results where npu computes them, CPU's where CPU runs
+    them, else a clear error for a dtype the Note says is not honoured."""
+    for sample in list(op.sample_inputs("cpu", dtype))[:2]:
+        args = [_on_npu(v) for v in (sample.input, *sample.args)]
+        kwargs = {k: _on_npu(v) for k, v in sample.kwargs.items()}
+        if dtype in COMPUTED_AS_CUDA.get(name, ()):
+            got = op(*args, **kwargs)
+            if name == "nn.functional.rrelu":  # random slopes: the dtype and the positive part
+                positive = sample.input > 0
+                assert got.dtype == dtype and torch.equal(got.cpu()[positive], sample.input[positive])
+            elif dtype in REDUCED:  # CUDA's definition: the reduced tensors read in fp32, rounded once
+                wide = [v.float() if isinstance(v, torch.Tensor) and v.dtype == dtype else v
+                        for v in (sample.input, *sample.args)]
+                assert_close(got.cpu(), op(*wide, **sample.kwargs).to(dtype), msg=f"{name} {dtype}")
+            else:
+                assert got.device.type == "npu", name
+            continue
+        try:
+            expected = op(sample.input, *sample.args, **sample.kwargs)
+        except (RuntimeError, NotImplementedError):
+            assert _not_honoured(name, dtype), f"{name} {dtype}: CPU refuses it and npu does not compute it"
+            with pytest.raises((RuntimeError, NotImplementedError)):
+                op(*args, **kwargs)
+            continue
+        assert_close(_to_cpu(op(*args, **kwargs)), expected, equal_nan=True, msg=f"{name} {dtype}")
+
+
+def test_opinfo_dtypes_only_cuda_has_are_computed_as_cuda_does():
+    """Every (op, dtype) OpInfo lists for CUDA and not for CPU: integer histc, bool abs / softsign / trace,
+    fp16 / bf16 pooling, losses and rrelu, complex nansum / nanmean give CUDA's results on npu; those CPU runs
+    already (stale OpInfo lists) run on npu; complex32, fp16 fft and CUDA's fused attention raise clear errors."""
+    from torch.testing._internal.common_methods_invocations import op_db
+
+    ops = {op.full_name: op for op in op_db}
+    extra = _cuda_only_dtypes()
+    integral = {name: {d for d in ds if not d.is_floating_point and not d.is_complex} for name, ds in extra.items()}
+    narrow = ("histc", "abs", "nn.functional.softsign", "trace")
+    assert {name: ds for name, ds in integral.items() if ds} == {n: COMPUTED_AS_CUDA[n] for n in narrow}
+    for name, dtypes in sorted(extra.items()):
+        for dtype in sorted(dtypes, key=str):
+            _check_cuda_only(ops[name], name, dtype)
+
+
+def test_widened_ops_keep_their_gradients_in_the_reduced_dtype():
+    """fp16 / bf16 avg_pool3d forward and backward on npu are CPU's fp32 kernels rounded once, as CUDA's
+    accumulate in fp32; the out= variant writes the caller's fp16 tensor."""
+    torch.manual_seed(0)
+    for dtype in sorted(REDUCED, key=str):
+        x = torch.randn(2, 3, 4, 4, 4, dtype=dtype)
+        xn = x.npu().requires_grad_()
+        out = F.avg_pool3d(xn, 2)
+        out.float().square().sum().backward()
+        xr = x.float().requires_grad_()
+        ref = F.avg_pool3d(xr, 2)
+        ref.to(dtype).float().square().sum().backward()
+        assert out.dtype == dtype and torch.equal(out.cpu(), ref.to(dtype))
+        assert xn.grad.dtype == dtype
+        assert_close(xn.grad.cpu(), xr.grad.to(dtype))
+    written = torch.empty(0, dtype=torch.float16, device="npu")
+    ones = torch.ones(1, 1, 2, 2, 2, dtype=torch.float16, device="npu")
+    assert torch._C._nn.avg_pool3d(ones, 2, out=written) is written
+    assert written.dtype == torch.float16 and written.cpu().flatten().tolist() == [1.0]
+
+
+@pytest.mark.parametrize("dtype", INTEGRAL, ids=str)
+def test_histc_of_integers_is_cudas(dtype):
+    """torch.histc of integer npu input (torchtitan's MoE router) counts as CUDA's kernel does, in the input's
+    dtype; the out= form too; bad bounds raise CUDA's errors; CPU's kernel still refuses the input."""
+    torch.manual_seed(0)
+    x = torch.randint(0, 100, (257,), dtype=dtype)
+    for bins, lo, hi in ((8, 0, 8), (10, 0, 0), (7, 3.5, 60.9), (16, 99, 99)):
+        got = torch.histc(x.npu(), bins=bins, min=lo, max=hi)
+        assert got.dtype == dtype and got.device.type == "npu"
+        assert got.cpu().tolist() == _histc_cuda(x.tolist(), bins, lo, hi), (bins, lo, hi)
+    out = torch.empty(0, dtype=torch.int64, device="npu")
+    assert torch.histc(x.npu(), bins=5, min=0, max=50, out=out) is out
+    assert out.cpu().tolist() == _histc_cuda(x.tolist(), 5, 0, 50)
+    experts = torch.randint(0, 8, (64, 2), dtype=dtype)
+    routed = torch.histc(experts.npu().view(-1), bins=8, min=0, max=8)  # torchtitan's tokens per expert
+    assert routed.cpu().tolist() == torch.bincount(experts.view(-1).long(), minlength=8).tolist()
+    with pytest.raises(RuntimeError, match="max must be larger than min"):
+        torch.histc(x.npu(), bins=4, min=9, max=2)
+    with pytest.raises(RuntimeError, match="bins must be > 0"):
+        torch.histc(x.npu(), bins=0)
+    with pytest.raises(NotImplementedError, match="histogram_cpu"):
+        torch.histc(x, bins=4)
+    assert torch.equal(torch.histc(x.npu().double(), bins=6).cpu(), torch.histc(x.double(), bins=6))  # CPU's
+
+
+def test_abs_softsign_and_trace_of_bool_are_cudas():
+    """abs of bool is the identity, softsign of bool x / (1 + x), trace of bool the count on the diagonal
+    (int64), as CUDA computes them; CPU refuses all three; other dtypes keep CPU's kernels."""
+    b = torch.tensor([[True, False, True], [False, False, True], [True, True, True]])
+    n = b.npu()
+    assert torch.equal(torch.abs(n).cpu(), b) and torch.abs(n).dtype == torch.bool
+    assert torch.equal(n.clone().abs_().cpu(), b)
+    assert torch.equal(F.softsign(n).cpu(), b.float() / (1 + b.float()))
+    assert torch.trace(n).dtype == torch.int64 and torch.trace(n).item() == 2
+    for call in (torch.abs, F.softsign, torch.trace):
+        with pytest.raises(NotImplementedError, match="Bool"):
+            call(b)
+    with pytest.raises(RuntimeError, match="expected a matrix"):
+        torch.trace(n[0])
+    x = torch.randn(4, 4)
+    assert torch.equal(torch.abs(x.npu()).cpu(), torch.abs(x))
+    assert torch.equal(torch.trace(x.npu()).cpu(), torch.trace(x))

@@ -4,12 +4,16 @@ hottest ops, outputs from the caching allocator, the device rules and errors, re
 from __future__ import annotations
 
 import gc
+import re
+from pathlib import Path
 
 import pytest
 import torch
+import torch.nn.functional as F  # noqa: N812  (the usual name)
 
 import npusim
 from npusim.ops import FALLBACK_ROUTES
+from npusim.ops.routes import CUDA_RUNS_THE_COMPOSITE
 
 MIXED = "Expected all tensors to be on the same device, but found at least two devices"
 
@@ -47,10 +51,10 @@ def test_functional_and_inplace_variants_route_to_the_fallback():
 def test_ops_with_npu_kernels_keep_them():
     """An op sharing its name with one npusim has an npu kernel for is not routed (the random ops' Philox)."""
     assert not [op for op in FALLBACK_ROUTES if op.split("::")[1].split(".")[0].rstrip("_") in
-                ("normal", "bernoulli", "uniform", "native_layer_norm", "mse_loss", "convolution")]
+                ("normal", "bernoulli", "uniform", "convolution")]
     assert "random_ops.cpp" in _npu_slot("aten::normal.Tensor_float")
     assert npusim.ops.FALLBACK_ROUTES is FALLBACK_ROUTES
-    assert npusim.runtime.acl.route_structured_ops_to_fallback() == FALLBACK_ROUTES  # idempotent
+    assert npusim.runtime.acl.route_structured_ops_to_fallback([]) == FALLBACK_ROUTES  # routes once
 
 
 def test_functional_output_comes_from_the_caching_allocator():
@@ -156,3 +160,111 @@ def test_routed_ops_are_captured_by_npu_graphs():
     graph.replay()
     torch.npu.synchronize()
     assert out.cpu().tolist() == [7.0] * 8
+
+
+# ---- CPU's kernel, not the composite (Note [CPU's kernel, not the composite]) ----------------
+
+def _native_functions() -> dict[str, dict[str, str]]:
+    """PyTorch's native_functions.yaml (shipped in torchgen), read line by line: op name -> its
+    dispatch keys (a structured_delegate's keys and "ufunc" when a ufunc codegen makes the kernels)."""
+    import torchgen
+
+    path = Path(torchgen.__file__).parent / "packaged" / "ATen" / "native" / "native_functions.yaml"
+    entries: dict[str, dict[str, str]] = {}
+    current: dict[str, str] = {}
+    section = ""
+    for line in path.read_text().splitlines():
+        if line.startswith("- func:"):
+            current = entries.setdefault(line[len("- func:"):].strip().split("(")[0], {})
+        elif m := re.match(r"^  (\w+):\s*(.*)$", line):
+            section = m.group(1)
+            if section == "structured_delegate":
+                current["@delegate"] = m.group(2).strip()
+            elif section == "ufunc_inner_loop":
+                current["CPU"] = current["CUDA"] = "ufunc"
+        elif section == "dispatch" and (m := re.match(r"^    ([\w, ]+):\s*(\S+)", line)):
+            for key in m.group(1).split(","):
+                current[key.strip()] = m.group(2)
+    return entries
+
+
+def _cuda_has_kernel(entries: dict[str, dict[str, str]], name: str) -> bool:
+    dispatch = entries[name]
+    return "CUDA" in dispatch or ("@delegate" in dispatch and _cuda_has_kernel(entries, dispatch["@delegate"]))
+
+
+def test_composites_cuda_runs_are_listed_from_native_functions():
+    """CUDA_RUNS_THE_COMPOSITE is exactly the aten ops with a CPU kernel and a composite but no CUDA kernel."""
+    entries = _native_functions()
+    derived = {f"aten::{name}" for name, d in entries.items()
+               if "CPU" in d and any(k.startswith("Composite") for k in d) and not _cuda_has_kernel(entries, name)}
+    assert derived == set(CUDA_RUNS_THE_COMPOSITE)
+    assert not set(CUDA_RUNS_THE_COMPOSITE) & set(FALLBACK_ROUTES)
+    for op in CUDA_RUNS_THE_COMPOSITE:  # npu runs the composite, as CUDA does
+        assert re.search(r"\[(default backend|math) kernel\]", _npu_slot(op)), _npu_slot(op)
+
+
+def test_no_composite_stands_in_for_a_cpu_kernel():
+    """Every aten op with a CPU kernel whose npu slot holds a composite is one CUDA runs the composite for;
+    every other such op (addr, native_group_norm, native_layer_norm, mish_backward, ...) has CPU's kernel."""
+    has = torch._C._dispatch_has_kernel_for_dispatch_key  # noqa: SLF001  (the dispatcher's registrations)
+    composite = []
+    for op in torch._C._dispatch_get_all_op_names():  # noqa: SLF001
+        if op.startswith("aten::") and has(op, "CPU") and not has(op, "PrivateUse1"):
+            slot = _npu_slot(op)
+            if "[default backend kernel]" in slot or "[math kernel]" in slot:
+                composite.append(op)
+    # A CompositeImplicitAutograd op without an autograd formula keeps its decomposition (it would lose
+    # its gradient with a kernel); torch 2.13 has no such op with a CPU kernel.
+    no_formula = [op for op in composite if "[math kernel]" in _npu_slot(op) and not has(op, "Autograd")]
+    assert sorted(set(composite) - set(no_formula)) == sorted(CUDA_RUNS_THE_COMPOSITE)
+    for op in ("aten::addr", "aten::addr.out", "aten::native_group_norm", "aten::native_layer_norm",
+               "aten::mse_loss", "aten::mish_backward", "aten::all.dims_out", "aten::linalg__powsum"):
+        assert FALLBACK_ROUTES[op] == "boxed" and "fallback_routes.cpp" in _npu_slot(op), op
+
+
+def test_addr_and_group_norm_in_reduced_precision_are_cpu_kernels():
+    """fp16 addr and bf16 group_norm (functional and nn.GroupNorm, forward and backward) equal CPU bit for bit."""
+    torch.manual_seed(0)
+    m, v1, v2 = (torch.randn(*s, dtype=torch.float16) for s in ((5, 6), (5,), (6,)))
+    assert torch.equal(torch.addr(m.npu(), v1.npu(), v2.npu(), beta=0.5, alpha=2).cpu(),
+                       torch.addr(m, v1, v2, beta=0.5, alpha=2))
+    x = torch.randn(4, 8, 5, 5, dtype=torch.bfloat16)
+    norm = torch.nn.GroupNorm(4, 8).to(torch.bfloat16)
+    ref = norm(x.requires_grad_())
+    ref.float().square().sum().backward()
+    xn = x.detach().npu().requires_grad_()
+    out = norm.npu()(xn)
+    out.float().square().sum().backward()
+    assert torch.equal(out.cpu(), ref) and torch.equal(xn.grad.cpu(), x.grad)
+    reference = F.group_norm(x.detach().float(), 4)  # fp32: what both approximate
+    assert (F.group_norm(xn.detach(), 4).cpu().float() - reference).abs().max() == \
+        (F.group_norm(x.detach(), 4).float() - reference).abs().max()
+
+
+def test_mish_backward_is_cpu_kernel_with_its_autograd_formula():
+    """fp16 mish's gradient is CPU's mish_backward kernel; its double backward still works (the formula)."""
+    torch.manual_seed(0)
+    x = torch.randn(100, dtype=torch.float16, requires_grad=True)
+    xn = x.detach().npu().requires_grad_()
+    assert torch.equal(torch.autograd.grad(F.mish(xn).sum(), xn)[0].cpu(),
+                       torch.autograd.grad(F.mish(x).sum(), x)[0])
+    y = torch.randn(10, dtype=torch.float64, requires_grad=True)
+    yn = y.detach().npu().requires_grad_()
+    grads = []
+    for t in (y, yn):
+        (g,) = torch.autograd.grad(F.mish(t).sum(), t, create_graph=True)
+        grads.append(torch.autograd.grad(g.sum(), t)[0].cpu())
+    torch.testing.assert_close(grads[1], grads[0])
+
+
+def test_pixel_shuffle_is_cudas_composite():
+    """pixel_shuffle, which CUDA computes with its composite, gives the composite's contiguous result on npu
+    (CPU's own kernel keeps channels_last); native_channel_shuffle's decomposition stays differentiable."""
+    x = torch.randn(2, 8, 3, 3).to(memory_format=torch.channels_last)
+    out = F.pixel_shuffle(x.npu(), 2)
+    assert torch.equal(out.cpu(), F.pixel_shuffle(x, 2))
+    assert out.is_contiguous() and not F.pixel_shuffle(x, 2).is_contiguous()
+    c = torch.randn(1, 4, 2, 2, device="npu", requires_grad=True)
+    torch.nn.functional.native_channel_shuffle(c, 2).sum().backward()
+    assert torch.equal(c.grad.cpu(), torch.ones(1, 4, 2, 2))

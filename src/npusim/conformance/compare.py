@@ -56,6 +56,12 @@ __all__ = ["SampleResult", "dtype_from_name", "load_op_db", "ops_by_name", "run_
 # its placement. A tensor whose npu twin is on CPU stays on CPU; a device
 # argument is taken from the twin. Where the twin cannot be generated or its
 # structure differs, every tensor goes to npu and `device="cpu"` becomes npu.
+# A sample with neither a tensor nor a device argument (a factory such as
+# arange(2)) and one whose twin names cpu as a device (zeros_like(t,
+# device="cpu"), randint(..., device="cpu")) make CPU tensors in both runs:
+# their results are not required on npu, in the full comparison and in the
+# sizes-only one of results whose values are not compared (uninitialized or
+# random: empty_like(t, device="cpu")).
 
 NPU = torch.device("npu", 0)
 _MAX_DETAIL = 300
@@ -118,8 +124,30 @@ class _Mover:
     def __call__(self, t: torch.Tensor) -> torch.Tensor:
         key = id(t)
         if key not in self._tensors:
-            self._tensors[key] = self._move(t)
+            view = self._view_of_moved_base(t)
+            self._tensors[key] = view if view is not None else self._move(t)
         return self._tensors[key]
+
+    def _view_of_moved_base(self, t: torch.Tensor) -> torch.Tensor | None:
+        """A view of a base that requires grad stays a view of the moved base, made the same way.
+
+        A view made under no_grad (OpInfo makes istft's window[:8] so) has no grad_fn and inherits
+        requires_grad from its base, and autograd gives it no gradient; a fresh leaf would get one."""
+        base = t._base
+        if base is None or not base.requires_grad or t.layout != torch.strided or t.is_conj() or t.is_neg():
+            return None
+        moved_base = self(base)
+        try:
+            with torch.set_grad_enabled(t.grad_fn is not None):  # a view made under no_grad is a leaf view
+                typed = moved_base
+                if moved_base.is_complex() and not t.is_complex():
+                    typed = torch.view_as_real(moved_base)  # .real / .imag of a complex base
+                if typed.dtype != t.dtype:
+                    return None  # not a view autograd follows: moved as a tensor of its own
+                moved = typed.as_strided(t.size(), t.stride(), t.storage_offset())
+        except RuntimeError:
+            return None  # a layout view_as_real does not allow: moved as a tensor of its own
+        return moved
 
     def _move(self, t: torch.Tensor) -> torch.Tensor:
         with torch.no_grad():
@@ -199,6 +227,15 @@ def _clone_sample(sample: Any) -> Any:
     inp, args, kwargs = tree_unflatten([clone(v) if isinstance(v, torch.Tensor) else v for v in leaves], spec)
     return SampleInput(inp, args=tuple(args), kwargs=dict(kwargs), output_process_fn_grad=sample.output_process_fn_grad,
                        broadcasts_input=sample.broadcasts_input, name=sample.name)
+
+
+def _results_belong_on_npu(sample: Any) -> bool:
+    """Whether the placed sample's results must be on npu: it puts something on npu (a tensor or a
+    device argument) and names no cpu device (zeros_like(t, device="cpu"), which OpInfo keeps so)."""
+    leaves, _ = tree_flatten((sample.input, sample.args, sample.kwargs))
+    devices = [torch.device(v).type for v in leaves if not isinstance(v, torch.Tensor) and _is_device_like(v)]
+    tensors = [v.device.type for v in leaves if isinstance(v, torch.Tensor)]
+    return "cpu" not in devices and "npu" in devices + tensors
 
 
 def _sample_tensors(sample: Any) -> list[torch.Tensor]:
@@ -316,11 +353,16 @@ def _check_sample(op: Any, sample: Any, twin: Any | None, dtype: torch.dtype, in
     cpu_p = sample.output_process_fn_grad(cpu_out)
     npu_p = npu_sample.output_process_fn_grad(npu_out)
     random = False
-    diff = _compare(npu_p, cpu_p, "output")
+    # A factory sample that names no device and has no tensor (arange(2)), or one that asks for cpu
+    # (randint(..., device="cpu")), makes CPU tensors on npu's run too: Note [Sample placement].
+    on_npu = _results_belong_on_npu(npu_sample)
+    diff = _compare(npu_p, cpu_p, "output", devices=on_npu)
     uncomparable = values_not_comparable(op, dtype)
-    if diff is not None and uncomparable is not None and _compare(npu_p, cpu_p, "output", values=False) is None:
+    # Sizes, dtypes and devices agree (the same placement rule as the full comparison above).
+    same_shapes = diff is not None and _compare(npu_p, cpu_p, "output", values=False, devices=on_npu) is None
+    if same_shapes and uncomparable is not None:
         random = True  # OpInfo itself does not compare these values with CPU's
-    elif diff is not None and draws_random_numbers(op) and _compare(npu_p, cpu_p, "output", values=False) is None:
+    elif same_shapes and draws_random_numbers(op):
         # npu draws from its Philox generator, CPU from mt19937: the values differ by design.
         # What must hold is npu's own reproducibility under the same seed.
         def to_cpu(tree: Any) -> Any:
@@ -331,7 +373,7 @@ def _check_sample(op: Any, sample: Any, twin: Any | None, dtype: torch.dtype, in
         random = diff is None
         if not random:
             return [result("forward", "fail", diff)]
-    elif diff is not None and _compare(npu_p, cpu_p, "output", values=False) is None:
+    elif same_shapes:
         try:
             again = sample.output_process_fn_grad(_call(op, pristine, 1))
             random = _compare(again, cpu_p, "output", devices=False) is not None

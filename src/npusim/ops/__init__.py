@@ -7,8 +7,9 @@ kernels (``npusim.ops.attention``), the fused RNN cells
 (``npusim.ops.rnn_cells``) and SyncBatchNorm's statistics
 (``npusim.ops.sync_batch_norm``), CUDA-only ops PyTorch calls on an npu tensor,
 op-plugin's fused operators (``npusim.ops.fused``), and then routes structured
-ops' functional and in-place variants straight to the CPU fallback
-(:data:`FALLBACK_ROUTES`). Which file provides each aten op's npu kernel is
+ops' functional and in-place variants, and the ops whose composite would stand
+in for CPU's own kernel, straight to the CPU fallback (:data:`FALLBACK_ROUTES`,
+except :data:`~npusim.ops.routes.CUDA_RUNS_THE_COMPOSITE`). Which file provides each aten op's npu kernel is
 listed by tests/test_registration.py.
 """
 
@@ -19,10 +20,12 @@ from npusim.ops.foreach_copy import (
     original_batch_eligibility,
     set_foreach_copy_mode,
 )
+from npusim.ops.routes import CUDA_RUNS_THE_COMPOSITE
 from npusim.ops.trace import CallRecord, GroupRecord, trace_foreach_copy
 from npusim.runtime import acl
 
-# The structured ops whose npu kernel is the CPU fallback, each "unboxed" or "boxed" (csrc/aten/fallback_routes.cpp).
+# The ops whose npu kernel is the CPU fallback instead of a composite, each "unboxed" or "boxed"
+# (csrc/aten/fallback_routes.cpp, Note [CPU's kernel, not the composite]).
 FALLBACK_ROUTES: dict[str, str] = {}
 
 
@@ -34,7 +37,7 @@ def register() -> None:
     foreach_copy.register()
     fused.register()  # op-plugin's fused operators (torch.ops.npu.npu_*)
     # Last: the rule sees the registrations above and leaves ops with npu kernels alone.
-    FALLBACK_ROUTES.update(acl.route_structured_ops_to_fallback())
+    FALLBACK_ROUTES.update(acl.route_structured_ops_to_fallback(list(CUDA_RUNS_THE_COMPOSITE)))
 
 
 __all__ = [

@@ -25,10 +25,11 @@ set_device_count: Callable[[int], None] = C.set_device_count
 current_device: Callable[[], int] = C.current_device
 set_device: Callable[[int], None] = C.set_device
 register_device: Callable[[], None] = C.register_device
-# Gives the npu slot of structured ops' functional and in-place variants to the
-# CPU fallback (Note [Structured ops go straight to the fallback]); idempotent.
-# Returns {"aten::add.Tensor": "unboxed" or "boxed", ...}.
-route_structured_ops_to_fallback: Callable[[], dict[str, str]] = C.route_structured_ops_to_fallback
+# Gives the npu slot of structured ops' functional and in-place variants, and of ops whose
+# composite would stand in for CPU's kernel, to the CPU fallback, except the ops named
+# (Note [Structured ops go straight to the fallback], Note [CPU's kernel, not the composite]).
+# Routes once (later calls return the first result): {"aten::add.Tensor": "unboxed" or "boxed", ...}.
+route_structured_ops_to_fallback: Callable[[list[str]], dict[str, str]] = C.route_structured_ops_to_fallback
 set_launch_blocking: Callable[[bool], None] = C.set_launch_blocking
 # True in a child forked after the npu was used (its device calls raise).
 in_bad_fork: Callable[[], bool] = C.in_bad_fork

@@ -144,11 +144,19 @@ at::Tensor copy_from(const at::Tensor& src, const at::Tensor& dst, bool non_bloc
   if (dst.numel() == 0) {
     return dst;
   }
-  if (!dst.is_same(src)) {
-    // Every direction, at call time, with CPU's message (a failure inside
-    // the queued copy would only surface at the next synchronize).
-    at::assert_no_internal_overlap(dst);
+  if (dst.is_alias_of(src) && dst.storage_offset() == src.storage_offset() &&
+      dst.sizes().equals(src.sizes()) && dst.strides().equals(src.strides()) &&
+      dst.scalar_type() == src.scalar_type() && dst.is_conj() == src.is_conj() &&
+      dst.is_neg() == src.is_neg()) {
+    // The same data (a copy onto itself, e.g. of one stride-0 view): nothing
+    // to copy. Before the overlap check, as in copy_impl on CPU and CUDA,
+    // which exit here before their TensorIterator rejects an overlapping
+    // destination.
+    return dst;
   }
+  // Every direction, at call time, with CPU's message (a failure inside the
+  // queued copy would only surface at the next synchronize).
+  at::assert_no_internal_overlap(dst);
   const bool src_npu = src.device().type() == kNpu;
   const bool dst_npu = dst.device().type() == kNpu;
   TORCH_CHECK((src_npu || src.is_cpu()) && (dst_npu || dst.is_cpu()),
@@ -160,14 +168,8 @@ at::Tensor copy_from(const at::Tensor& src, const at::Tensor& dst, bool non_bloc
     at::Tensor src_alias = cpu_alias(src);
     NpuStream& src_stream = current_stream(src.device().index());
     if (src.device() == dst.device()) {
-      // The checks copy_ makes through TensorIterator on CPU and CUDA, which
+      // The check copy_ makes through TensorIterator on CPU and CUDA, which
       // the _copy_from redirect skips.
-      if (dst.is_alias_of(src) && dst.storage_offset() == src.storage_offset() &&
-          dst.sizes().equals(src.sizes()) && dst.strides().equals(src.strides()) &&
-          dst.scalar_type() == src.scalar_type() && dst.is_conj() == src.is_conj() &&
-          dst.is_neg() == src.is_neg()) {
-        return dst;  // the same data: nothing to copy
-      }
       at::assert_no_partial_overlap(dst, src);
       if (copy_on_the_host_now(src_stream, nbytes)) {
         copy_now(src_stream, "copy_d2d", dst_alias, src_alias);

@@ -241,11 +241,9 @@ void npu_fallback(const c10::OperatorHandle& op, torch::jit::Stack* stack) {
 }
 
 TORCH_LIBRARY_IMPL(aten, PrivateUse1, m) {
-  // Without these the PrivateUse1 slot gets a composite kernel instead of
-  // CPU's own: native_layer_norm's math version runs batch_norm (slower), and
-  // mse_loss's structured composite resizes a 0-dim output (a UserWarning).
-  m.impl("native_layer_norm", torch::CppFunction::makeFromBoxedFunction<&npu_fallback>());
-  m.impl("mse_loss", torch::CppFunction::makeFromBoxedFunction<&npu_fallback>());
+  // Composites that would stand in for CPU's own kernel (native_layer_norm's
+  // math version, mse_loss's structured composite) are routed by
+  // fallback_routes.cpp (Note [CPU's kernel, not the composite]).
   // Convolutions: PyTorch routes a PrivateUse1 tensor to
   // convolution_overrideable, which has no kernel; taking the convolution
   // entry points themselves gives CPU's convolution (and its backward) on the

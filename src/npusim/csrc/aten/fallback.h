@@ -7,6 +7,7 @@
 
 #include <map>
 #include <string>
+#include <vector>
 
 namespace npusim {
 
@@ -18,11 +19,15 @@ namespace npusim {
 void npu_fallback(const c10::OperatorHandle& op, torch::jit::Stack* stack);
 
 // Registers the fallback as the npu kernel of every aten op whose npu slot
-// would otherwise hold a CompositeExplicitAutogradNonFunctional kernel (see
-// Note [Structured ops go straight to the fallback]): npu_fallback itself, or
+// would otherwise hold a composite kernel where CPU has a kernel of its own
+// (see Note [Structured ops go straight to the fallback] and Note [CPU's
+// kernel, not the composite]), except the ops named in
+// `cuda_runs_the_composite` ("aten::pixel_shuffle"): npu_fallback itself, or
 // for the hottest an unboxed kernel over the same FallbackCall (Note
-// [Unboxed fallback kernels]). Idempotent; returns the routed ops' names
-// ("aten::add.Tensor"), each with "unboxed" or "boxed".
-std::map<std::string, std::string> route_structured_ops_to_fallback();
+// [Unboxed fallback kernels]). Routes once: later calls return the first
+// call's result. Returns the routed ops' names ("aten::add.Tensor"), each
+// with "unboxed" or "boxed".
+std::map<std::string, std::string> route_structured_ops_to_fallback(
+    const std::vector<std::string>& cuda_runs_the_composite);
 
 }  // namespace npusim

@@ -1,5 +1,6 @@
 // Which kernel fills the npu slot of the ops PyTorch gives a generic one:
-// structured ops' functional and in-place variants go straight to the CPU
+// structured ops' functional and in-place variants, and the ops whose
+// composite would stand in for CPU's own kernel, go straight to the CPU
 // fallback (fallback.cpp).
 #include "fallback.h"
 
@@ -119,6 +120,35 @@ namespace npusim {
 // dtype errors are the CPU meta functions', which the composite kernel ran
 // too. Under graph capture the fallback records the op itself and sizes its
 // outputs on Meta (Note [NPU graph capture]).
+
+// Note [CPU's kernel, not the composite]
+// The same rule covers every other op whose npu slot would hold a composite
+// kernel where CPU has a kernel of its own: a CompositeExplicitAutograd one
+// (addr's math_addr, native_group_norm's math_group_norm, native_layer_norm's
+// math_native_layer_norm: generic versions for backends without a kernel,
+// which round fp16/bf16 differently from the kernels CPU and CUDA run) or a
+// CompositeImplicitAutograd one (mish_backward's math_mish_backward). The
+// two kinds differ in where they sit relative to autograd:
+//  - CompositeExplicitAutograd and ...NonFunctional kernels sit below
+//    autograd: the op's Autograd kernel (its derivatives.yaml formula) runs
+//    above either way, so giving the npu slot the CPU kernel changes only the
+//    kernel.
+//  - A CompositeImplicitAutograd kernel decomposes above autograd: with no npu
+//    kernel, AutogradPrivateUse1 runs the decomposition and autograd
+//    differentiates its pieces. Once the npu slot has a kernel,
+//    AutogradPrivateUse1 takes the op's Autograd kernel instead, as
+//    AutogradCPU does. So such an op is routed only when it has an Autograd
+//    kernel (a formula); one without would lose its gradient on npu.
+// Not routed: ops for which CUDA has no kernel and runs the composite itself
+// (pixel_shuffle, narrow_copy, native_channel_shuffle, _stack): npu follows
+// CUDA (Note [npu follows CUDA where CPU differs], cuda_semantics.cpp), which
+// for pixel_shuffle means a contiguous result of a channels_last input where
+// CPU's kernel keeps channels_last. Ops with a CUDA kernel and no CPU one
+// (the _foreach_* family, _chunk_cat) have nothing to route to: CPU runs
+// their composite as npu does. The
+// dispatcher of a CPU build holds no CUDA registrations, so Python passes
+// their names (ops/routes.py: CUDA_RUNS_THE_COMPOSITE, checked against
+// PyTorch's native_functions.yaml by tests/test_fallback_routes.py).
 
 // Note [Unboxed fallback kernels]
 // A boxed kernel costs its caller a boxing of the arguments: a stack vector,
@@ -378,10 +408,26 @@ std::string base_name(const c10::OperatorName& name) {
   return base;
 }
 
+// Whether `op`'s npu slot, without a kernel of its own, would hold a
+// composite that CPU's own kernel should replace (Note [CPU's kernel, not the
+// composite]).
+bool composite_stands_in_for_cpu_kernel(const c10::OperatorHandle& op) {
+  using c10::DispatchKey;
+  if (!op.hasKernelForDispatchKey(DispatchKey::CPU)) {
+    return false;
+  }
+  return op.hasKernelForDispatchKey(DispatchKey::CompositeExplicitAutogradNonFunctional) ||
+      op.hasKernelForDispatchKey(DispatchKey::CompositeExplicitAutograd) ||
+      (op.hasKernelForDispatchKey(DispatchKey::CompositeImplicitAutograd) &&
+          op.hasKernelForDispatchKey(DispatchKey::Autograd));
+}
+
 }  // namespace
 
-std::map<std::string, std::string> route_structured_ops_to_fallback() {
-  static const std::map<std::string, std::string> routed = [] {
+std::map<std::string, std::string> route_structured_ops_to_fallback(
+    const std::vector<std::string>& cuda_runs_the_composite) {
+  static const std::map<std::string, std::string> routed = [&] {
+    const std::unordered_set<std::string> keep(cuda_runs_the_composite.begin(), cuda_runs_the_composite.end());
     auto& dispatcher = c10::Dispatcher::singleton();
     std::unordered_set<std::string> own;  // aten ops with an npu kernel of their own, by base name
     std::vector<c10::OperatorHandle> candidates;
@@ -395,8 +441,7 @@ std::map<std::string, std::string> route_structured_ops_to_fallback() {
       }
       if (op->hasKernelForDispatchKey(c10::DispatchKey::PrivateUse1)) {
         own.insert(base_name(name));
-      } else if (op->hasKernelForDispatchKey(c10::DispatchKey::CompositeExplicitAutogradNonFunctional) &&
-          op->hasKernelForDispatchKey(c10::DispatchKey::CPU)) {
+      } else if (composite_stands_in_for_cpu_kernel(*op)) {
         candidates.push_back(*op);
       }
     }
@@ -410,6 +455,9 @@ std::map<std::string, std::string> route_structured_ops_to_fallback() {
         continue;
       }
       std::string full = name.overload_name.empty() ? name.name : name.name + "." + name.overload_name;
+      if (keep.count(full) != 0) {
+        continue;
+      }
       const auto unboxed = unboxed_kernels().find(full);
       if (unboxed != unboxed_kernels().end() && fits(op.schema(), unboxed->second)) {
         library->impl(full.c_str(), unboxed->second.make());

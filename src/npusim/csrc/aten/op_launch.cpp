@@ -380,11 +380,16 @@ class BoxedLaunch {
       const c10::IValue& weight = stack[static_cast<size_t>(traits_.stats_dtype_from)];
       stats_dtype = (weight.isTensor() && weight.toTensor().defined() ? weight : stack[0]).toTensor().scalar_type();
     }
+    // native_batch_norm in eval mode: CPU's kernel saves no statistics (empty
+    // tensors) where its Meta kernel sizes them by channel.
+    const bool empty_stats = traits_.stats_dtype_from >= 0 && std::strcmp(traits_.name, "aten::native_batch_norm") == 0 &&
+        stack.size() > 5 && stack[5].isBool() && !stack[5].toBool();
     op_.redispatchBoxed(c10::DispatchKeySet(c10::DispatchKey::Meta), &stack);
     if (stats_dtype != at::ScalarType::Undefined) {
       for (size_t i = 1; i < std::min<size_t>(stack.size(), 3); ++i) {  // save_mean, save_rstd
         if (stack[i].isTensor() && stack[i].toTensor().defined()) {
-          stack[i] = stack[i].toTensor().to(stats_dtype);
+          stack[i] = empty_stats ? at::empty({0}, stack[i].toTensor().options().dtype(stats_dtype))
+                                 : stack[i].toTensor().to(stats_dtype);
         }
       }
     }
