@@ -37,6 +37,32 @@ def test_capture_reuses_blocks_freed_during_capture(clean_npu):
     assert out.cpu().eq(7.0).all()
 
 
+def test_a_stream_joining_the_capture_allocates_from_the_graphs_pool(clean_npu):
+    """A side stream forked from the capturing stream allocates from the graph's pool while it is in the capture
+    and from the device's own pool after it; the joined stream adds no hold (use count 1, 0 after reset)."""
+    a = torch.ones(256, 256, device="npu")
+    capture, side = torch.npu.Stream(), torch.npu.Stream(priority=-1)
+    g = torch.npu.NPUGraph()
+    with torch.npu.graph(g, stream=capture):
+        side.wait_stream(capture)
+        with torch.npu.stream(side):
+            expert = a @ a
+        capture.wait_stream(side)
+        out = expert + 1
+    assert segment_of(expert.data_ptr())["segment_pool_id"] == g.pool()
+    assert segment_of(out.data_ptr())["segment_pool_id"] == g.pool()
+    with torch.npu.stream(side):
+        after = torch.empty(1024, device="npu")
+    assert segment_of(after.data_ptr())["segment_pool_id"] == (0, 0)
+    assert acl.pool_use_count(DEVICE, g.pool()) == 1
+    g.replay()
+    torch.npu.synchronize()
+    assert out.cpu().eq(257.0).all()
+    pool = g.pool()
+    g.reset()
+    assert acl.pool_use_count(DEVICE, pool) == 0
+
+
 def test_graphs_sharing_a_pool_keep_it_alive_while_either_holds_it(clean_npu):
     """Two graphs captured with one handle share the pool (use count 2); it lives until both let go, and its
     segments go back to the host at empty_cache once their tensors are gone."""
