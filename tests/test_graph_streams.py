@@ -156,3 +156,32 @@ def test_a_failing_lane_fails_the_replay_without_hanging() -> None:
     g.replay()
     torch.npu.synchronize()
     assert 0 <= total.item() <= 16
+
+
+def test_a_free_while_replayed_lanes_run_fences_the_lane_streams() -> None:
+    """On the last device, a tensor freed while a replayed side lane still runs is fenced by that lane's stream
+    (replay lane streams are outside the device's stream table), and the freed block is not handed out before the
+    lane finishes."""
+    device = torch.npu.device_count() - 1
+    with torch.npu.device(device):
+        a = torch.ones(64, 64, device="npu")
+        side = _side_stream()
+        g = torch.npu.NPUGraph()
+        torch.npu.synchronize()
+        with torch.npu.graph(g, stream=torch.npu.Stream()):  # the default capture stream is on the first device used
+            main = torch.npu.current_stream()
+            side.wait_stream(main)
+            with torch.npu.stream(side):
+                torch.npu._sleep(90_000_000)  # 50 ms at the profile's clock: the side lane outlives the frees below
+                expert = a * 3
+            main.wait_stream(side)
+        torch.npu.synchronize()
+        with torch.npu.stream(side):  # the lane's work is on a replay lane stream, not on `side`
+            g.replay()
+            scratch = torch.empty(1 << 16, device="npu")
+            address = scratch.data_ptr()
+            del scratch  # freed while the replayed lane sleeps
+            again = torch.empty(1 << 16, device="npu")
+            assert again.data_ptr() != address
+        torch.npu.synchronize()
+        assert expert.cpu().eq(3.0).all()

@@ -50,6 +50,22 @@ std::atomic<uint64_t> g_unfinished_tasks{0};
 // only those can have unfinished work, so a free scans just them.
 static_assert(kStreamsPerDevice <= 32, "live stream masks hold 32 streams");
 std::array<std::atomic<uint32_t>, kMaxDevices> g_live_streams{};
+// Streams outside the devices' tables (the graph's replay lane streams, ids
+// from kStreamsPerDevice on) whose worker has started: a free scans them too.
+std::mutex& g_unlisted_streams_mutex = *new std::mutex();
+std::vector<const NpuStream*>& g_unlisted_streams = *new std::vector<const NpuStream*>();
+std::atomic<size_t> g_unlisted_stream_count{0};
+
+// Called once per stream, when its worker starts.
+void note_live_stream(const NpuStream& stream) {
+  if (stream.id() < kStreamsPerDevice) {
+    g_live_streams[stream.device()].fetch_or(uint32_t{1} << stream.id(), std::memory_order_acq_rel);
+    return;
+  }
+  std::lock_guard<std::mutex> lock(g_unlisted_streams_mutex);
+  g_unlisted_streams.push_back(&stream);
+  g_unlisted_stream_count.fetch_add(1, std::memory_order_release);
+}
 std::array<std::atomic<uint32_t>, kMaxDevices * kPriorityLevels> g_pool_cursor{};
 // Streams being captured, over all devices: while zero nothing asks a capture.
 std::atomic<int> g_captured_streams{0};
@@ -169,7 +185,7 @@ void NpuStream::push(Task task) {
   {
     std::lock_guard<std::mutex> lock(mutex_);
     if (!worker_) {
-      g_live_streams[device_].fetch_or(uint32_t{1} << id_, std::memory_order_acq_rel);
+      note_live_stream(*this);
       worker_ = std::make_unique<std::thread>([this] { run(); });
       // The worker lives as long as the process; it is never joined so that
       // interpreter shutdown cannot block on it.
@@ -379,6 +395,15 @@ std::vector<Fence> pending_stream_fences() {
         const uint64_t enq = s.enqueued();
         if (s.completed() < enq) {
           fences.emplace_back(s.completed_counter(), enq);
+        }
+      }
+    }
+    if (g_unlisted_stream_count.load(std::memory_order_acquire) != 0) {
+      std::lock_guard<std::mutex> lock(g_unlisted_streams_mutex);
+      for (const NpuStream* s : g_unlisted_streams) {
+        const uint64_t enq = s->enqueued();
+        if (s->completed() < enq) {
+          fences.emplace_back(s->completed_counter(), enq);
         }
       }
     }
