@@ -103,6 +103,7 @@ def test_blocks_are_cached_per_stream(clean_npu):
     assert z.data_ptr() == address
 
 
+@pytest.mark.asynchronous
 def test_same_stream_reuse_while_its_own_work_is_pending(clean_npu):
     """A block whose only unfinished work is on its own stream is reused there at once, and results stay right;
     its segment goes back to the host only after that work."""
@@ -121,6 +122,7 @@ def test_same_stream_reuse_while_its_own_work_is_pending(clean_npu):
     assert b.cpu().eq(1).all() and c.cpu().eq(5).all()
 
 
+@pytest.mark.asynchronous
 def test_record_stream_delays_reuse_until_the_recorded_work_is_done(clean_npu):
     """A block freed while a recorded stream still has earlier work is not reused until that work finishes."""
     side = torch.npu.Stream()

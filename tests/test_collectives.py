@@ -257,6 +257,7 @@ def _check_stream_semantics(rank: int, world: int) -> dict[str, float]:
     return timings
 
 
+@pytest.mark.asynchronous
 def test_stream_semantics():
     """Collectives start after the current stream's work, complete in issue order, and
     Work.wait() makes the current stream (not the host) wait."""
@@ -330,6 +331,7 @@ def test_dead_peer_fails_within_timeout():
     assert "hccl barrier on npu:0 (rank 0 of 2) failed" in survivor["barrier"]
 
 
+@pytest.mark.asynchronous
 def test_unwaited_failure_at_exit_is_one_line():
     """A collective that failed (its peer died) and was never waited for is reported at exit on one
     line naming the collective and the cause, with no atexit traceback; the exit is clean."""

@@ -132,6 +132,7 @@ def _queue_slow_h2d(x: torch.Tensor, host: torch.Tensor) -> None:
     assert torch.npu.current_stream().pending() >= 1, "the copy should still be queued"
 
 
+@pytest.mark.asynchronous
 def test_compiled_region_waits_for_queued_copies(monkeypatch):
     """A compiled region reads its input only after a slow H2D (and D2D) copy queued before it lands;
     with the wait removed it would read the old bytes (the check is meaningful)."""
@@ -190,6 +191,7 @@ def test_out_of_memory_in_compiled_region_is_the_npu_error():
     assert torch.equal(_compiled_pointwise(x).cpu(), torch.ones(3 * MIB))
 
 
+@pytest.mark.asynchronous
 def test_waits_on_the_current_stream_of_the_call():
     """Called under ``torch.npu.stream(s)``, the compiled region waits for work queued on ``s``."""
     host = torch.arange(MIB, dtype=torch.float32).pin_memory()

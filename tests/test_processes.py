@@ -13,6 +13,7 @@ import time
 from datetime import timedelta
 from typing import Any
 
+import pytest
 import torch
 import torch.distributed as dist
 import torch.multiprocessing as mp
@@ -114,11 +115,12 @@ def test_child_forked_after_npu_use_is_refused():
         assert "Cannot re-initialize npu in forked subprocess" in message and "'spawn' start method" in message, name
 
 
-def _interrupted(code: str, ready: str = "waiting", extra: list[subprocess.Popen[str]] | None = None
-                 ) -> tuple[float, int, str]:
+def _interrupted(code: str, ready: str = "waiting", extra: list[subprocess.Popen[str]] | None = None,
+                 env: dict[str, str] | None = None) -> tuple[float, int, str]:
     """Runs ``code``, sends SIGINT once it printed ``ready``; returns (seconds to exit, status, stderr)."""
     proc = subprocess.Popen([sys.executable, "-c", textwrap.dedent(code)], stdout=subprocess.PIPE,
-                            stderr=subprocess.PIPE, text=True, env={**os.environ, "OMP_NUM_THREADS": "1"})
+                            stderr=subprocess.PIPE, text=True,
+                            env={**os.environ, "OMP_NUM_THREADS": "1", **(env or {})})
     try:
         assert proc.stdout is not None
         line = proc.stdout.readline()
@@ -135,6 +137,7 @@ def _interrupted(code: str, ready: str = "waiting", extra: list[subprocess.Popen
                 p.wait()
 
 
+@pytest.mark.asynchronous
 def test_ctrl_c_interrupts_a_synchronize():
     """SIGINT while the host waits in torch.npu.synchronize() for a minute-long stream task ends the
     process within a couple of seconds with KeyboardInterrupt (it used to wait for the task)."""
@@ -149,6 +152,22 @@ def test_ctrl_c_interrupts_a_synchronize():
         torch.npu.synchronize()
         print("not interrupted", flush=True)
     """)
+    assert "KeyboardInterrupt" in err and "not interrupted" not in err, err
+    assert status != 0 and elapsed < 5.0, (elapsed, err)
+
+
+def test_ctrl_c_interrupts_a_blocking_launch():
+    """Under NPUSIM_LAUNCH_BLOCKING=1 the launch itself waits for its task; SIGINT during that wait ends
+    the process within a couple of seconds with KeyboardInterrupt, as in a synchronize."""
+    elapsed, status, err = _interrupted("""
+        import torch, npusim
+        x = torch.randn(1 << 18, device="npu")
+        y = torch.empty_like(x)
+        npusim.timing.set(launch_us=60e6)
+        print("waiting", flush=True)
+        y.copy_(x)  # one task of a minute: the launch returns only when it has run
+        print("not interrupted", flush=True)
+    """, env={"NPUSIM_LAUNCH_BLOCKING": "1"})
     assert "KeyboardInterrupt" in err and "not interrupted" not in err, err
     assert status != 0 and elapsed < 5.0, (elapsed, err)
 

@@ -6,6 +6,8 @@ from __future__ import annotations
 import json
 from pathlib import Path
 
+import pytest
+
 from npusim.tools import cli
 from npusim.tools.timeline import COMPUTE, Bar, exposed_us
 
@@ -18,6 +20,7 @@ def test_exposed_time_is_busy_time_nothing_covers():
     assert exposed_us(busy, []) == 20 and exposed_us([], cover) == 0
 
 
+@pytest.mark.asynchronous
 def test_timeline_has_compute_lanes_per_mode(tmp_path: Path):
     """A small model's step on 2 ranks under the 910B2 cost model: per mode a trace, the picture and a
     summary; compute ops are on the default stream's lane, forward and backward, and the collectives
