@@ -3,12 +3,15 @@
 from __future__ import annotations
 
 import copy
+import os
 import threading
 
 import pytest
 import torch
 from torch import nn
 from torch.utils.checkpoint import checkpoint
+
+from npusim.runtime import acl
 
 
 def make_mlp() -> nn.Module:
@@ -98,3 +101,20 @@ def test_backward_on_autograd_npu_thread_follows_torch_set_num_threads():
             assert torch.equal(x.grad.cpu(), torch.full((4,), 6.0))
     finally:
         torch.set_num_threads(default)
+
+
+def test_a_stream_worker_leaves_a_core_to_the_host_for_small_kernels():
+    """Note [A core for the host]: when the user's count takes every usable core, a small kernel runs on the
+    worker with one thread fewer (the host runs ahead on the core left); a large kernel, or a count that
+    leaves cores free, keeps the user's count."""
+    cores = acl.usable_cores()
+    assert cores == len(os.sched_getaffinity(0))
+    small, large = 1 << 16, 1 << 22
+    assert acl.worker_intraop_threads(1, small) == 1
+    assert acl.worker_intraop_threads(cores + 1, small) == cores
+    assert acl.worker_intraop_threads(cores + 1, large) == cores + 1
+    if cores > 1:
+        assert acl.worker_intraop_threads(cores, small) == cores - 1
+        assert acl.worker_intraop_threads(cores, large) == cores
+    if cores > 2:
+        assert acl.worker_intraop_threads(cores - 1, small) == cores - 1

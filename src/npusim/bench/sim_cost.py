@@ -12,7 +12,9 @@ table (docs/BENCHMARKS.md), with ``torch.utils.benchmark`` (warm-up,
 - a training step of the demo model (TinyTransformer, dim 64) with the
   default number of threads and with one, and a dispatch-bound step (a small
   MLP on a batch of 8); npu and CPU steps take turns (which goes first
-  alternates) and the medians become Measurements for Compare;
+  alternates), each timed step after 20 ms of its own untimed steps (Note
+  [Warming in before each timed call], bench/report.py), and the medians
+  become Measurements for Compare;
 - the first ``import npusim`` and the first process group of a fresh process.
 
 The FSDP2 step (npu+hccl vs CPU+gloo) has its own benchmark, ``bench fsdp-step``.
@@ -136,6 +138,10 @@ _STEPS = (
 )
 
 
+# Each timed step follows its own steps for this long (Note [Warming in before each timed call]).
+_WARM_IN_S = 0.02
+
+
 def _train_rows(min_run_time: float) -> tuple[list[Row], list[benchmark.Measurement]]:
     """Training steps on npu and CPU, the two taking turns step by step (which goes first alternates), so
     that both see the same machine load; medians after warm-up."""
@@ -148,7 +154,7 @@ def _train_rows(min_run_time: float) -> tuple[list[Row], list[benchmark.Measurem
         start = time.perf_counter()
         report.interleaved(steps, steps=3)  # warm-up, and the time one round takes
         rounds = max(10, int(min_run_time / ((time.perf_counter() - start) / 3)))
-        times = report.interleaved(steps, steps=rounds)
+        times = report.interleaved(steps, steps=rounds, warm_in_s=_WARM_IN_S)
         torch.set_num_threads(default_threads)
         sub_label = f"{sub}, {threads} thread(s)"
         npu, cpu = (report.measurement(times[d], label=what, sub_label=sub_label, description=d,

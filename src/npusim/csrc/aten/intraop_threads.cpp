@@ -23,19 +23,51 @@
 // Now that npu kernels run on the stream workers (Note [Compute on the
 // stream]), a worker is in the same place as autograd's thread: its team
 // size was fixed when it started. Each op follows the user's count on the
-// host as before (recording it) and the worker applies the recorded count
-// before it runs a kernel.
+// host as before (recording it) and the worker applies it before it runs a
+// kernel, less the core the host needs (Note [A core for the host]).
+
+// Note [A core for the host]
+// The simulated device computes on the machine's cores, and so does the
+// host thread that launches its work and runs ahead of it. A worker running
+// a kernel with the user's whole team (torch's default: one thread per core)
+// while the host dispatches the next ops puts one runnable thread more on
+// the machine than it has cores, and every OpenMP barrier of the kernel
+// then waits for a team thread the scheduler has put aside: on 2 cores the
+// demo model's training step took 6.5 ms on npu against 3.4 ms on CPU, and
+// 3.2 ms against 3.3 ms with the rule below (medians of 4 alternating
+// processes each; docs/BENCHMARKS.md). So a worker runs a kernel
+// whose tensors hold fewer than kFullTeamElements elements with one thread
+// fewer than the user's count when that count would take every core the
+// process may use; small kernels gain little from a second thread anyway.
+// The size is the largest tensor's: a foreach op runs one kernel per tensor.
+// Device work the host does in place (Note [Work on an idle stream]: small
+// ops on an idle stream, autograd's device thread included) runs with the
+// same team (DeviceWorkThreads, in the fallback's host run): MKL opens a
+// parallel region even for a 10x8 by 8x256 product, and the team thread it
+// wakes then spins beside the worker (the dispatch-bound MLP step of `bench
+// sim-cost` went from 1.14 ms to 0.73 ms with it; CPU's is 0.5 ms).
+// A larger kernel, where intra-op parallelism pays and the host is usually
+// waiting for it, gets the whole team.
 #include "intraop_threads.h"
 
 #include <ATen/Parallel.h>
 #include <torch/csrc/autograd/node.h>
 
+#include <algorithm>
 #include <atomic>
+#include <thread>
+
+#if defined(__linux__)
+#include <sched.h>
+#endif
 
 namespace npusim {
 namespace {
 
 std::atomic<int> g_user_threads{0};
+
+// Kernels whose largest tensor holds fewer elements than this leave a core to the host.
+constexpr int64_t kFullTeamElements = int64_t{1} << 18;
 
 }  // namespace
 
@@ -52,10 +84,51 @@ void follow_user_intraop_threads() {
   }
 }
 
-void apply_user_intraop_threads() {
+// The cores this process may run on (its affinity mask, which containers
+// and taskset narrow), read once.
+int usable_cores() {
+  static const int cores = [] {
+#if defined(__linux__)
+    cpu_set_t set;
+    if (sched_getaffinity(0, sizeof(set), &set) == 0) {
+      return std::max(1, CPU_COUNT(&set));
+    }
+#endif
+    return std::max(1, static_cast<int>(std::thread::hardware_concurrency()));
+  }();
+  return cores;
+}
+
+int worker_intraop_threads(int user, int64_t elements) {
+  if (user > 1 && elements < kFullTeamElements && user >= usable_cores()) {
+    return user - 1;
+  }
+  return user;
+}
+
+void apply_user_intraop_threads(int64_t elements) {
   const int user = g_user_threads.load(std::memory_order_relaxed);
-  if (user > 0 && at::get_num_threads() != user) {
-    at::set_num_threads(user);
+  if (user <= 0) {
+    return;
+  }
+  const int team = worker_intraop_threads(user, elements);
+  if (at::get_num_threads() != team) {
+    at::set_num_threads(team);
+  }
+}
+
+DeviceWorkThreads::DeviceWorkThreads(int64_t elements) {
+  const int mine = at::get_num_threads();
+  const int team = worker_intraop_threads(mine, elements);
+  if (team != mine) {
+    at::set_num_threads(team);
+    restore_ = mine;
+  }
+}
+
+DeviceWorkThreads::~DeviceWorkThreads() {
+  if (restore_ > 0) {
+    at::set_num_threads(restore_);
   }
 }
 

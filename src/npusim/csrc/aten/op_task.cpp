@@ -6,6 +6,9 @@
 
 #include <ATen/core/List.h>
 #include <c10/util/Exception.h>
+#include <c10/util/accumulate.h>
+
+#include <algorithm>
 
 namespace npusim {
 
@@ -39,12 +42,19 @@ void TaskAliases::place(const at::Tensor& result, int32_t snapshot, const char* 
   }
 }
 
-KernelScope::KernelScope() {
-  apply_user_intraop_threads();  // Note [Intra-op threads of autograd's npu thread]
+KernelScope::KernelScope(const TaskTensors& tensors) {
+  int64_t largest = 0;  // a foreach op runs a kernel per tensor: the largest one tells the kernel's size
+  for (const TensorSnapshot& s : tensors.tensors) {
+    largest = std::max(largest, c10::multiply_integers(s.sizes));
+  }
+  for (const at::Tensor& t : tensors.held) {
+    largest = std::max(largest, t.numel());
+  }
+  apply_user_intraop_threads(largest);  // Note [Intra-op threads of autograd's npu thread]
 }
 
 void OpTask::run() const {
-  const KernelScope scope;
+  const KernelScope scope(*this);
   TaskAliases aliases(*this);
   torch::jit::Stack stack;
   stack.reserve(args.size());

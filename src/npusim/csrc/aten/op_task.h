@@ -52,13 +52,14 @@ class TaskAliases {
 };
 
 // What a task's CPU kernel runs under on the worker: the user's intra-op
-// threads, and below autograd (as on the host, where the kernel is reached
+// threads (less a core for the host when its tensors are small: Note [A core
+// for the host]), and below autograd (as on the host, where the kernel is reached
 // from below the autograd and view keys). Its own allocations (temporaries,
 // results to copy into the outputs) are host memory, not the caching
 // allocator's: see Note [CPU kernels allocate device memory].
 class KernelScope {
  public:
-  KernelScope();
+  explicit KernelScope(const TaskTensors& tensors);
 
  private:
   at::AutoDispatchBelowADInplaceOrView below_autograd_;

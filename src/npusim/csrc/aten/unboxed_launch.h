@@ -200,7 +200,7 @@ struct UnboxedTask : TaskTensors {
   const char* name = nullptr;
 
   void run() const {
-    const KernelScope scope;
+    const KernelScope scope(*this);
     TaskAliases aliases(*this);
     const c10::DispatchKeySet cpu_keys(c10::DispatchKey::CPU);
     std::apply([&](const auto&... stored) {

@@ -8,6 +8,7 @@
 #include "../aten/foreach_copy.h"
 #include "../aten/generator.h"
 #include "../aten/host_transfer.h"
+#include "../aten/intraop_threads.h"
 #include "../aten/ipc.h"
 #include "../aten/op_launch.h"
 #include "../aten/primitives.h"
@@ -64,6 +65,8 @@ void init_ops_bindings(py::module& m) {
   m.def("default_generator", [](int device) { return npusim::default_generator(device); });
 
   // torch.npu._sleep: a task that only holds the current stream (the host does not wait)
+  m.def("usable_cores", &npusim::usable_cores);
+  m.def("worker_intraop_threads", &npusim::worker_intraop_threads, py::arg("user"), py::arg("elements"));
   m.def("launch_delay", &npusim::launch_delay, py::arg("device"), py::arg("duration_us"),
       py::call_guard<py::gil_scoped_release>());
 
