@@ -103,18 +103,43 @@ def test_backward_on_autograd_npu_thread_follows_torch_set_num_threads():
         torch.set_num_threads(default)
 
 
-def test_a_stream_worker_leaves_a_core_to_the_host_for_small_kernels():
-    """Note [A core for the host]: when the user's count takes every usable core, a small kernel runs on the
-    worker with one thread fewer (the host runs ahead on the core left); a large kernel, or a count that
-    leaves cores free, keeps the user's count."""
+def test_a_stream_worker_leaves_a_core_to_the_host_for_small_pointwise_kernels():
+    """Note [A core for the host]: when the user's count takes every usable core, a small pointwise kernel
+    runs on the worker with one thread fewer (the host runs ahead on the core left); a large one, any
+    kernel that is not pointwise (its result may depend on the team), or a count that leaves cores free
+    keeps the user's count."""
     cores = acl.usable_cores()
     assert cores == len(os.sched_getaffinity(0))
     small, large = 1 << 16, 1 << 22
-    assert acl.worker_intraop_threads(1, small) == 1
-    assert acl.worker_intraop_threads(cores + 1, small) == cores
-    assert acl.worker_intraop_threads(cores + 1, large) == cores + 1
+    assert acl.worker_intraop_threads(1, small, True) == 1
+    assert acl.worker_intraop_threads(cores + 1, small, True) == cores
+    assert acl.worker_intraop_threads(cores + 1, small, False) == cores + 1
+    assert acl.worker_intraop_threads(cores + 1, large, True) == cores + 1
     if cores > 1:
-        assert acl.worker_intraop_threads(cores, small) == cores - 1
-        assert acl.worker_intraop_threads(cores, large) == cores
+        assert acl.worker_intraop_threads(cores, small, True) == cores - 1
+        assert acl.worker_intraop_threads(cores, small, False) == cores
+        assert acl.worker_intraop_threads(cores, large, True) == cores
     if cores > 2:
-        assert acl.worker_intraop_threads(cores - 1, small) == cores - 1
+        assert acl.worker_intraop_threads(cores - 1, small, True) == cores - 1
+
+
+def test_results_equal_cpu_bit_for_bit_whatever_team_the_worker_takes():
+    """A small pointwise op, a foreach op, a reduction and batch norm on a busy stream (so they are tasks)
+    give CPU's bits at the default thread count and at one thread."""
+    default = torch.get_num_threads()
+    torch.manual_seed(0)
+    x = torch.randn(256, 256)
+    xs = [torch.randn(300, 100) for _ in range(3)]
+    bn = nn.BatchNorm1d(4)
+    y = torch.randn(8, 4)
+    try:
+        for threads in {1, default}:
+            torch.set_num_threads(threads)
+            expected = [torch.sigmoid(x) * 3, torch._foreach_mul(xs, 0.5)[2], x.sum(0), bn(y)]
+            torch.npu._sleep(1000)  # a busy stream: every op below is a stream task
+            xn, xsn, yn = x.npu(), [t.npu() for t in xs], y.npu()
+            got = [torch.sigmoid(xn) * 3, torch._foreach_mul(xsn, 0.5)[2], xn.sum(0), copy.deepcopy(bn).npu()(yn)]
+            for e, g in zip(expected, got, strict=True):
+                assert torch.equal(g.cpu(), e.detach()), threads
+    finally:
+        torch.set_num_threads(default)

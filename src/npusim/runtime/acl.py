@@ -141,11 +141,11 @@ timing_model: Callable[[], tuple[float, float, float]] = C.timing_model
 set_compute_cost: Callable[[Callable[[str, str, list[Any], list[Any]], float] | None], None] = C.set_compute_cost
 
 # The cores this process may run on (its affinity mask), and the intra-op team a stream worker runs a
-# kernel over `elements` elements with, given the user's torch.set_num_threads count: one thread fewer
-# for a small kernel when the count takes every core (csrc/aten/intraop_threads.h, Note [A core for the
-# host]).
+# kernel with, given the user's torch.set_num_threads count, its largest tensor's elements and whether
+# the op is pointwise: one thread fewer for a small pointwise kernel when the count takes every core
+# (csrc/aten/intraop_threads.h, Note [A core for the host]).
 usable_cores: Callable[[], int] = C.usable_cores
-worker_intraop_threads: Callable[[int, int], int] = C.worker_intraop_threads
+worker_intraop_threads: Callable[[int, int, bool], int] = C.worker_intraop_threads
 
 # ---- random numbers ---------------------------------------------------------
 

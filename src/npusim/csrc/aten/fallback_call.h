@@ -15,7 +15,6 @@
 #include <c10/core/DeviceGuard.h>
 #include <c10/util/SmallVector.h>
 
-#include <algorithm>
 #include <optional>
 #include <type_traits>
 #include <utility>
@@ -77,7 +76,6 @@ class FallbackCall {
       guard.reset_device(c10::Device(kNpu, d));
     }
     const CpuAllocationsOnDevice on_device(d);
-    const DeviceWorkThreads team(largest_tensor_elements());  // Note [A core for the host]
     if constexpr (std::is_void_v<decltype(kernel())>) {
       kernel();
       propagate_resizes();
@@ -107,13 +105,6 @@ class FallbackCall {
   };
 
   void propagate_resizes();
-  int64_t largest_tensor_elements() const {
-    int64_t largest = 0;
-    for (const TensorEntry& e : tensors_) {
-      largest = std::max(largest, e.cpu.numel());
-    }
-    return largest;
-  }
 
   const c10::OperatorHandle& op_;
   DeviceRules rules_;

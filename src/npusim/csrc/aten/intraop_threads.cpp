@@ -33,21 +33,21 @@
 // while the host dispatches the next ops puts one runnable thread more on
 // the machine than it has cores, and every OpenMP barrier of the kernel
 // then waits for a team thread the scheduler has put aside: on 2 cores the
-// demo model's training step took 6.5 ms on npu against 3.4 ms on CPU, and
-// 3.2 ms against 3.3 ms with the rule below (medians of 4 alternating
-// processes each; docs/BENCHMARKS.md). So a worker runs a kernel
-// whose tensors hold fewer than kFullTeamElements elements with one thread
-// fewer than the user's count when that count would take every core the
-// process may use; small kernels gain little from a second thread anyway.
-// The size is the largest tensor's: a foreach op runs one kernel per tensor.
-// Device work the host does in place (Note [Work on an idle stream]: small
-// ops on an idle stream, autograd's device thread included) runs with the
-// same team (DeviceWorkThreads, in the fallback's host run): MKL opens a
-// parallel region even for a 10x8 by 8x256 product, and the team thread it
-// wakes then spins beside the worker (the dispatch-bound MLP step of `bench
-// sim-cost` went from 1.14 ms to 0.73 ms with it; CPU's is 0.5 ms).
-// A larger kernel, where intra-op parallelism pays and the host is usually
-// waiting for it, gets the whole team.
+// demo model's training step took 6.5 ms on npu against 3.4 ms on CPU (the
+// medians of 4 alternating processes each; docs/BENCHMARKS.md). Running
+// every small kernel with one thread fewer brought it to 3.2 ms, but npu
+// must compute what CPU computes, bit for bit, and many CPU kernels split
+// their work by the team's size (batch norm's statistics of an 8x4 input
+// differ between one thread and two, as do the reductions of larger
+// tensors). So only pointwise kernels (PyTorch's pointwise tag, and foreach
+// ops whose per-tensor op carries it: OpTraits::pointwise), whose every
+// output element comes from the inputs' elements alone whatever the team,
+// leave the core: one thread fewer than the user's count, when that count
+// takes every core the process may use and the kernel's largest tensor
+// (a foreach op runs a kernel per tensor) holds fewer than
+// kFullTeamElements elements. A larger one, where intra-op parallelism
+// pays and the host is usually waiting for it, gets the whole team; so do
+// matrix products, reductions and norms of any size.
 #include "intraop_threads.h"
 
 #include <ATen/Parallel.h>
@@ -66,7 +66,7 @@ namespace {
 
 std::atomic<int> g_user_threads{0};
 
-// Kernels whose largest tensor holds fewer elements than this leave a core to the host.
+// Pointwise kernels whose largest tensor holds fewer elements than this leave a core to the host.
 constexpr int64_t kFullTeamElements = int64_t{1} << 18;
 
 }  // namespace
@@ -99,36 +99,21 @@ int usable_cores() {
   return cores;
 }
 
-int worker_intraop_threads(int user, int64_t elements) {
-  if (user > 1 && elements < kFullTeamElements && user >= usable_cores()) {
+int worker_intraop_threads(int user, int64_t elements, bool pointwise) {
+  if (pointwise && user > 1 && elements < kFullTeamElements && user >= usable_cores()) {
     return user - 1;
   }
   return user;
 }
 
-void apply_user_intraop_threads(int64_t elements) {
+void apply_user_intraop_threads(int64_t elements, bool pointwise) {
   const int user = g_user_threads.load(std::memory_order_relaxed);
   if (user <= 0) {
     return;
   }
-  const int team = worker_intraop_threads(user, elements);
+  const int team = worker_intraop_threads(user, elements, pointwise);
   if (at::get_num_threads() != team) {
     at::set_num_threads(team);
-  }
-}
-
-DeviceWorkThreads::DeviceWorkThreads(int64_t elements) {
-  const int mine = at::get_num_threads();
-  const int team = worker_intraop_threads(mine, elements);
-  if (team != mine) {
-    at::set_num_threads(team);
-    restore_ = mine;
-  }
-}
-
-DeviceWorkThreads::~DeviceWorkThreads() {
-  if (restore_ > 0) {
-    at::set_num_threads(restore_);
   }
 }
 

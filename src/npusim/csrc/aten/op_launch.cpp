@@ -189,6 +189,7 @@ class BoxedLaunch {
     follow_user_intraop_threads();  // Note [Intra-op threads of autograd's npu thread]
     auto task = std::make_shared<OpTask>(op_);
     task->name = traits_.name;
+    task->pointwise = traits_.pointwise;
     args_.begin_task(*task, plan);
     std::vector<c10::IValue> outputs;
     outputs.reserve(plan.list_sizes.size());

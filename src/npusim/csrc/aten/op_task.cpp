@@ -50,7 +50,7 @@ KernelScope::KernelScope(const TaskTensors& tensors) {
   for (const at::Tensor& t : tensors.held) {
     largest = std::max(largest, t.numel());
   }
-  apply_user_intraop_threads(largest);  // Note [Intra-op threads of autograd's npu thread]
+  apply_user_intraop_threads(largest, tensors.pointwise);  // Note [Intra-op threads of autograd's npu thread]
 }
 
 void OpTask::run() const {

@@ -33,6 +33,7 @@ struct TaskTensors {
   int32_t groups = 0;  // storages among the snapshots
   std::vector<TensorSnapshot> tensors;
   std::vector<at::Tensor> held;  // CPU scalars and indices, as the host saw them at launch
+  bool pointwise = false;  // OpTraits::pointwise of the task's op
 };
 
 // The CPU tensors of one run of a task, made on first use: snapshots of one
@@ -52,8 +53,8 @@ class TaskAliases {
 };
 
 // What a task's CPU kernel runs under on the worker: the user's intra-op
-// threads (less a core for the host when its tensors are small: Note [A core
-// for the host]), and below autograd (as on the host, where the kernel is reached
+// threads (less a core for the host for a small pointwise kernel: Note [A
+// core for the host]), and below autograd (as on the host, where the kernel is reached
 // from below the autograd and view keys). Its own allocations (temporaries,
 // results to copy into the outputs) are host memory, not the caching
 // allocator's: see Note [CPU kernels allocate device memory].

@@ -1,10 +1,14 @@
 // Per-operator facts the launch of a fallback op reads: see op_traits.h.
 #include "op_traits.h"
 
+#include <ATen/core/dispatch/Dispatcher.h>
+#include <ATen/core/enum_tag.h>
+
 #include <c10/util/Exception.h>
 
 #include <memory>
 #include <mutex>
+#include <string_view>
 #include <string>
 #include <unordered_map>
 
@@ -87,6 +91,7 @@ std::unique_ptr<OpTraits> make_traits(const c10::OperatorHandle& op) {
       traits->stats_dtype_from = norm.weight;
     }
   }
+  traits->pointwise = is_pointwise(op);
   if (!returns_only_tensors(schema)) {
     traits->host_only = "returns a host value computed from device data";
   } else if (cpu_kernel_is_python(op)) {
@@ -94,6 +99,33 @@ std::unique_ptr<OpTraits> make_traits(const c10::OperatorHandle& op) {
   }
   return traits;
 }
+
+}  // namespace
+
+bool is_pointwise(const c10::OperatorHandle& op) {
+  if (op.hasTag(at::Tag::pointwise)) {
+    return true;
+  }
+  // aten::_foreach_lerp_.Scalar runs aten::lerp_ per tensor: pointwise when
+  // that op is (so _foreach_norm and _foreach_max are not).
+  const c10::OperatorName& name = op.schema().operator_name();
+  constexpr std::string_view kForeach = "aten::_foreach_";
+  if (name.name.rfind(kForeach, 0) != 0) {
+    return false;
+  }
+  const std::string base = "aten::" + name.name.substr(kForeach.size());
+  for (const std::string& candidate : {base, base.back() == '_' ? base.substr(0, base.size() - 1) : base + "_"}) {
+    for (const char* overload : {"", "Tensor", "Scalar", "default"}) {
+      const auto handle = c10::Dispatcher::singleton().findSchema({candidate, overload});
+      if (handle.has_value()) {
+        return handle->hasTag(at::Tag::pointwise);
+      }
+    }
+  }
+  return false;
+}
+
+namespace {
 
 std::mutex& g_traits_mutex = *new std::mutex();
 std::unordered_map<const void*, std::unique_ptr<OpTraits>>& g_traits =

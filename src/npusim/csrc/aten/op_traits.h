@@ -23,6 +23,11 @@ struct OpTraits {
   // the schema index of the argument whose dtype the statistics returns
   // take (the weight; the input when it is undefined), or -1.
   int stats_dtype_from = -1;
+  // Each output element is computed from the inputs' elements alone (the
+  // op, or a foreach op's per-tensor op, carries PyTorch's pointwise tag):
+  // its result does not depend on the intra-op team (Note [A core for the
+  // host]).
+  bool pointwise = false;
   // Per schema argument: how the op uses it, and whether it is a Generator?.
   c10::SmallVector<ArgUse, 8> uses;
   c10::SmallVector<bool, 8> generator;
@@ -30,6 +35,9 @@ struct OpTraits {
 
 // The traits of `op`; computed on first use, then one lookup.
 const OpTraits& op_traits(const c10::OperatorHandle& op);
+
+// Whether `op` is pointwise as OpTraits::pointwise says.
+bool is_pointwise(const c10::OperatorHandle& op);
 
 // The op's name as op_traits gives it, for ops known at compile time.
 const char* interned_op_name(const c10::OperatorHandle& op);

@@ -99,7 +99,7 @@ template <typename scalar_t, typename F>
 void philox_fill(const Tensor& self, const RandomLaunch& launch, F value) {
   const Tensor cpu = cpu_alias(self);  // the memory and geometry at launch
   current_stream(self.device().index()).enqueue([cpu, state = launch.state, value] {
-    apply_user_intraop_threads(cpu.numel());
+    apply_user_intraop_threads(cpu.numel(), /*pointwise=*/true);  // element i comes from Philox offset + i
     const PhiloxInputs in = state.unpack();
     const Tensor dense = cpu.is_contiguous() ? cpu : at::empty(cpu.sizes(), cpu.options());
     scalar_t* out = dense.data_ptr<scalar_t>();

@@ -268,6 +268,8 @@ bool launch_unboxed(const c10::OperatorHandle& op, const char* name, const std::
     *result = launch.output(plan->outputs[0], *plan, *task, &task->out);
   }
   task->name = name;
+  static const bool pointwise = is_pointwise(op);  // Note [A core for the host]
+  task->pointwise = pointwise;
   current_stream(device).enqueue(
       [task = std::shared_ptr<const UnboxedTask<Op, OutOp, Args...>>(std::move(task))] { task->run(); }, 0.0, name);
   return true;

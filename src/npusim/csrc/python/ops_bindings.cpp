@@ -66,7 +66,8 @@ void init_ops_bindings(py::module& m) {
 
   // torch.npu._sleep: a task that only holds the current stream (the host does not wait)
   m.def("usable_cores", &npusim::usable_cores);
-  m.def("worker_intraop_threads", &npusim::worker_intraop_threads, py::arg("user"), py::arg("elements"));
+  m.def("worker_intraop_threads", &npusim::worker_intraop_threads, py::arg("user"), py::arg("elements"),
+      py::arg("pointwise"));
   m.def("launch_delay", &npusim::launch_delay, py::arg("device"), py::arg("duration_us"),
       py::call_guard<py::gil_scoped_release>());
 
