@@ -136,7 +136,7 @@ def test_results_equal_cpu_bit_for_bit_whatever_team_the_worker_takes():
         for threads in {1, default}:
             torch.set_num_threads(threads)
             expected = [torch.sigmoid(x) * 3, torch._foreach_mul(xs, 0.5)[2], x.sum(0), bn(y)]
-            torch.npu._sleep(1000)  # a busy stream: every op below is a stream task
+            torch.npu._sleep(10**8)  # a busy stream for tens of ms: every op below is a stream task
             xn, xsn, yn = x.npu(), [t.npu() for t in xs], y.npu()
             got = [torch.sigmoid(xn) * 3, torch._foreach_mul(xsn, 0.5)[2], xn.sum(0), copy.deepcopy(bn).npu()(yn)]
             for e, g in zip(expected, got, strict=True):

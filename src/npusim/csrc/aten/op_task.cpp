@@ -44,11 +44,13 @@ void TaskAliases::place(const at::Tensor& result, int32_t snapshot, const char* 
 
 KernelScope::KernelScope(const TaskTensors& tensors) {
   int64_t largest = 0;  // a foreach op runs a kernel per tensor: the largest one tells the kernel's size
-  for (const TensorSnapshot& s : tensors.tensors) {
-    largest = std::max(largest, c10::multiply_integers(s.sizes));
-  }
-  for (const at::Tensor& t : tensors.held) {
-    largest = std::max(largest, t.numel());
+  if (tensors.pointwise) {  // only a pointwise kernel's team depends on its size (Note [A core for the host])
+    for (const TensorSnapshot& s : tensors.tensors) {
+      largest = std::max(largest, c10::multiply_integers(s.sizes));
+    }
+    for (const at::Tensor& t : tensors.held) {
+      largest = std::max(largest, t.numel());
+    }
   }
   apply_user_intraop_threads(largest, tensors.pointwise);  // Note [Intra-op threads of autograd's npu thread]
 }

@@ -54,8 +54,8 @@ class TaskAliases {
 
 // What a task's CPU kernel runs under on the worker: the user's intra-op
 // threads (less a core for the host for a small pointwise kernel: Note [A
-// core for the host]), and below autograd (as on the host, where the kernel is reached
-// from below the autograd and view keys). Its own allocations (temporaries,
+// core for the host]), and below autograd (as on the host, where the kernel
+// is reached from below the autograd and view keys). Its own allocations (temporaries,
 // results to copy into the outputs) are host memory, not the caching
 // allocator's: see Note [CPU kernels allocate device memory].
 class KernelScope {

@@ -64,10 +64,11 @@ void init_ops_bindings(py::module& m) {
   // random numbers: the Python torch.Generator of a device's default generator
   m.def("default_generator", [](int device) { return npusim::default_generator(device); });
 
-  // torch.npu._sleep: a task that only holds the current stream (the host does not wait)
   m.def("usable_cores", &npusim::usable_cores);
   m.def("worker_intraop_threads", &npusim::worker_intraop_threads, py::arg("user"), py::arg("elements"),
       py::arg("pointwise"));
+
+  // torch.npu._sleep: a task that only holds the current stream (the host does not wait)
   m.def("launch_delay", &npusim::launch_delay, py::arg("device"), py::arg("duration_us"),
       py::call_guard<py::gil_scoped_release>());
 
