@@ -24,7 +24,8 @@ from npusim.ops.routes import CUDA_RUNS_THE_COMPOSITE
 from npusim.ops.trace import CallRecord, GroupRecord, trace_foreach_copy
 from npusim.runtime import acl
 
-# The ops whose npu kernel is the CPU fallback instead of a composite, each "unboxed" or "boxed"
+# The ops whose npu kernel is the CPU fallback instead of a composite, each "unboxed" or "boxed",
+# and the _foreach_* ops' one-launch kernel, "foreach" (Note [A foreach op is one launch])
 # (csrc/aten/fallback_routes.cpp, Note [CPU's kernel, not the composite]).
 FALLBACK_ROUTES: dict[str, str] = {}
 

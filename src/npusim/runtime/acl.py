@@ -28,7 +28,7 @@ register_device: Callable[[], None] = C.register_device
 # Gives the npu slot of structured ops' functional and in-place variants, and of ops whose
 # composite would stand in for CPU's kernel, to the CPU fallback, except the ops named
 # (Note [Structured ops go straight to the fallback], Note [CPU's kernel, not the composite]).
-# Routes once (later calls return the first result): {"aten::add.Tensor": "unboxed" or "boxed", ...}.
+# Routes once (later calls return the first result): {"aten::add.Tensor": "unboxed", "boxed" or "foreach", ...}.
 route_structured_ops_to_fallback: Callable[[list[str]], dict[str, str]] = C.route_structured_ops_to_fallback
 set_launch_blocking: Callable[[bool], None] = C.set_launch_blocking
 # True in a child forked after the npu was used (its device calls raise).
@@ -139,6 +139,9 @@ timing_model: Callable[[], tuple[float, float, float]] = C.timing_model
 # with the op's arguments and results as Meta tensors (devices as "meta"); None removes it. While one is
 # installed no compute op is done on the host (Note [Work on an idle stream]).
 set_compute_cost: Callable[[Callable[[str, str, list[Any], list[Any]], float] | None], None] = C.set_compute_cost
+
+# How many Meta kernel answers the calling thread's cache holds (Note [Cached output metadata]).
+cached_meta_plans: Callable[[], int] = C.cached_meta_plans
 
 # The cores this process may run on (its affinity mask), and the intra-op team a stream worker runs a
 # kernel with, given the user's torch.set_num_threads count, its largest tensor's elements and whether

@@ -25,8 +25,9 @@ void npu_fallback(const c10::OperatorHandle& op, torch::jit::Stack* stack);
 // `cuda_runs_the_composite` ("aten::pixel_shuffle"): npu_fallback itself, or
 // for the hottest an unboxed kernel over the same FallbackCall (Note
 // [Unboxed fallback kernels]). Routes once: later calls return the first
-// call's result. Returns the routed ops' names ("aten::add.Tensor"), each
-// with "unboxed" or "boxed".
+// call's result. The _foreach_* ops, whose composite CPU runs too, get the
+// one-launch kernel (Note [A foreach op is one launch]). Returns the routed
+// ops' names ("aten::add.Tensor"), each with "unboxed", "boxed" or "foreach".
 std::map<std::string, std::string> route_structured_ops_to_fallback(
     const std::vector<std::string>& cuda_runs_the_composite);
 

@@ -5,6 +5,7 @@
 #include "fallback.h"
 
 #include "fallback_call.h"
+#include "foreach_launch.h"
 #include "op_launch.h"
 #include "unboxed_launch.h"
 
@@ -144,8 +145,9 @@ namespace npusim {
 // CUDA (Note [npu follows CUDA where CPU differs], cuda_semantics.cpp), which
 // for pixel_shuffle means a contiguous result of a channels_last input where
 // CPU's kernel keeps channels_last. Ops with a CUDA kernel and no CPU one
-// (the _foreach_* family, _chunk_cat) have nothing to route to: CPU runs
-// their composite as npu does. The
+// have no CPU kernel to route to: _chunk_cat runs the composite CPU runs,
+// and the _foreach_* family runs that composite as one launch (Note [A
+// foreach op is one launch], foreach_launch.cpp). The
 // dispatcher of a CPU build holds no CUDA registrations, so Python passes
 // their names (ops/routes.py: CUDA_RUNS_THE_COMPOSITE, checked against
 // PyTorch's native_functions.yaml by tests/test_fallback_routes.py).
@@ -431,6 +433,7 @@ std::map<std::string, std::string> route_structured_ops_to_fallback(
     auto& dispatcher = c10::Dispatcher::singleton();
     std::unordered_set<std::string> own;  // aten ops with an npu kernel of their own, by base name
     std::vector<c10::OperatorHandle> candidates;
+    std::vector<c10::OperatorHandle> foreach_ops;  // Note [A foreach op is one launch]
     for (const c10::OperatorName& name : dispatcher.getAllOpNames()) {
       if (name.name.rfind("aten::", 0) != 0) {
         continue;
@@ -443,6 +446,8 @@ std::map<std::string, std::string> route_structured_ops_to_fallback(
         own.insert(base_name(name));
       } else if (composite_stands_in_for_cpu_kernel(*op)) {
         candidates.push_back(*op);
+      } else if (foreach_op_takes_one_launch(*op)) {
+        foreach_ops.push_back(*op);
       }
     }
     // Leaked: the registrations live as long as the process.
@@ -466,6 +471,15 @@ std::map<std::string, std::string> route_structured_ops_to_fallback(
         library->impl(full.c_str(), torch::CppFunction::makeFromBoxedFunction<&npu_fallback>());
         names.emplace(std::move(full), "boxed");
       }
+    }
+    for (const c10::OperatorHandle& op : foreach_ops) {
+      const c10::OperatorName& name = op.operator_name();
+      if (own.count(base_name(name)) != 0) {
+        continue;  // _foreach_copy_ and its variants: npusim's own kernels
+      }
+      std::string full = name.overload_name.empty() ? name.name : name.name + "." + name.overload_name;
+      library->impl(full.c_str(), torch::CppFunction::makeFromBoxedFunction<&foreach_launch>());
+      names.emplace(std::move(full), "foreach");
     }
     return names;
   }();

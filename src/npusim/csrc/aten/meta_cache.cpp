@@ -15,6 +15,15 @@ namespace npusim {
 // offsets, which arguments share a storage (overlap checks), conjugate and
 // negative bits, wrapped numbers, and the values of every other argument; a
 // training loop calls each op with the same few signatures over and over.
+// One exception: the floating-point scalars of a pointwise _foreach_* op are
+// recorded by kind, not value (OpTraits::floating_scalars_by_kind). Its
+// per-tensor ops' Meta kernels read only their kinds, and an optimizer hands
+// it new values every step (Adam's bias corrections, a scheduled learning
+// rate), whose Meta run each time cost more than the kernels: the composite
+// that sizes _foreach_addcdiv_ of 6 tensors on Meta takes 2 ms (Python
+// decompositions). Integer scalars keep their values: loops hand them few
+// distinct values, and keying them by value asks nothing of the Meta
+// kernels.
 // So each host thread keeps the answers (a MetaPlan) by key, and a call
 // whose key is cached allocates its outputs from the plan without building a
 // Meta tensor. Failures are cached too (a plan that says "run on the host"),
@@ -82,6 +91,10 @@ class PlanTable {
     return slots_[i].plan.get();
   }
 
+  size_t size() const {
+    return used_;
+  }
+
  private:
   std::vector<Slot> slots_;
   size_t used_ = 0;
@@ -125,6 +138,10 @@ const MetaPlan* find_meta_plan(const MetaKey& key) {
 
 const MetaPlan* store_meta_plan(const MetaKey& key, MetaPlan plan) {
   return tls_plans.insert(key.words(), hash_words(key.words()), std::move(plan));
+}
+
+size_t cached_meta_plans() {
+  return tls_plans.size();
 }
 
 }  // namespace npusim

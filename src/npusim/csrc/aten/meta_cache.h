@@ -84,5 +84,7 @@ struct MetaPlan {
 const MetaPlan* find_meta_plan(const MetaKey& key);
 // Caches `plan` for `key` on this thread and returns the cached copy.
 const MetaPlan* store_meta_plan(const MetaKey& key, MetaPlan plan);
+// How many answers the calling thread's cache holds.
+size_t cached_meta_plans();
 
 }  // namespace npusim

@@ -284,7 +284,7 @@ class BoxedLaunch {
       slot.value = c10::IValue(c10::Device(c10::DeviceType::CPU));
       npu_device_slots_ |= uint64_t{1} << slots_.size();
     } else {
-      add_value_words(key, v);
+      add_value_words(key, v, traits_.floating_scalars_by_kind);
       slot.value = v;
     }
     slots_.push_back(std::move(slot));
@@ -296,7 +296,9 @@ class BoxedLaunch {
     key.add(bits);
   }
 
-  static void add_value_words(MetaKey& key, const c10::IValue& v) {
+  // The words of a value argument; floating-point numbers by their kind
+  // alone when `floats_by_kind` (OpTraits::floating_scalars_by_kind).
+  static void add_value_words(MetaKey& key, const c10::IValue& v, bool floats_by_kind) {
     if (v.isNone()) {
       key.add(0x6e10);
     } else if (v.isInt()) {
@@ -304,7 +306,9 @@ class BoxedLaunch {
       key.add(v.toInt());
     } else if (v.isDouble()) {
       key.add(0x6e12);
-      add_double(key, v.toDouble());
+      if (!floats_by_kind) {
+        add_double(key, v.toDouble());
+      }
     } else if (v.isBool()) {
       key.add(0x6e13 + static_cast<int64_t>(v.toBool()));
     } else if (v.isString()) {
@@ -321,18 +325,35 @@ class BoxedLaunch {
       key.add(static_cast<int64_t>(v.toDevice().type()) * 1000 + v.toDevice().index());
     } else if (v.isComplexDouble()) {
       key.add(0x6e17);
-      const c10::complex<double> c = v.toComplexDouble();
-      add_double(key, c.real());
-      add_double(key, c.imag());
+      if (!floats_by_kind) {
+        const c10::complex<double> c = v.toComplexDouble();
+        add_double(key, c.real());
+        add_double(key, c.imag());
+      }
     } else if (v.isDoubleList()) {
       key.add(0x6e18);
-      for (const double d : v.toDoubleList()) {
-        add_double(key, d);
+      key.add(static_cast<int64_t>(v.toDoubleList().size()));
+      if (!floats_by_kind) {
+        for (const double d : v.toDoubleList()) {
+          add_double(key, d);
+        }
       }
     } else if (v.isBoolList()) {
       key.add(0x6e19);
       for (const bool b : v.toBoolList()) {
         key.add(b);
+      }
+    } else if (v.isList()) {
+      // Scalar[] (the foreach ops' scalar lists): each element's words
+      key.add(0x6e1a);
+      const auto& list = v.toListRef();
+      key.add(static_cast<int64_t>(list.size()));
+      for (const c10::IValue& e : list) {
+        if (!(e.isInt() || e.isDouble() || e.isBool() || e.isComplexDouble())) {
+          key.uncacheable();
+          return;
+        }
+        add_value_words(key, e, floats_by_kind);
       }
     } else {
       key.uncacheable();  // a kind with no words (symbolic ints, objects, tuples)

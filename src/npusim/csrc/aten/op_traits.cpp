@@ -92,6 +92,7 @@ std::unique_ptr<OpTraits> make_traits(const c10::OperatorHandle& op) {
     }
   }
   traits->pointwise = is_pointwise(op);
+  traits->floating_scalars_by_kind = traits->pointwise && name.name.rfind("aten::_foreach_", 0) == 0;
   if (!returns_only_tensors(schema)) {
     traits->host_only = "returns a host value computed from device data";
   } else if (cpu_kernel_is_python(op)) {

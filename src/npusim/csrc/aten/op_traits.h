@@ -28,6 +28,11 @@ struct OpTraits {
   // its result does not depend on the intra-op team (Note [A core for the
   // host]).
   bool pointwise = false;
+  // A pointwise _foreach_* op: its outputs' metadata depends on the kinds of
+  // its floating-point scalars, not their values (an optimizer's bias
+  // corrections change every step), so the cache of output metadata keys
+  // them by kind (Note [Cached output metadata]).
+  bool floating_scalars_by_kind = false;
   // Per schema argument: how the op uses it, and whether it is a Generator?.
   c10::SmallVector<ArgUse, 8> uses;
   c10::SmallVector<bool, 8> generator;

@@ -10,6 +10,7 @@
 #include "../aten/host_transfer.h"
 #include "../aten/intraop_threads.h"
 #include "../aten/ipc.h"
+#include "../aten/meta_cache.h"
 #include "../aten/op_launch.h"
 #include "../aten/primitives.h"
 
@@ -64,6 +65,7 @@ void init_ops_bindings(py::module& m) {
   // random numbers: the Python torch.Generator of a device's default generator
   m.def("default_generator", [](int device) { return npusim::default_generator(device); });
 
+  m.def("cached_meta_plans", &npusim::cached_meta_plans);
   m.def("usable_cores", &npusim::usable_cores);
   m.def("worker_intraop_threads", &npusim::worker_intraop_threads, py::arg("user"), py::arg("elements"),
       py::arg("pointwise"));

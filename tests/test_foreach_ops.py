@@ -1,0 +1,182 @@
+"""The _foreach_* ops on npu: one stream task per call over one npu, CPU's results bit for bit, the
+composite per tensor for lists on several npus, and scalar lists that do not re-run the Meta kernel
+(Note [A foreach op is one launch], Note [Cached output metadata])."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import pytest
+import torch
+from torch.testing._internal.common_methods_invocations import (
+    foreach_binary_op_db,
+    foreach_other_op_db,
+    foreach_pointwise_op_db,
+    foreach_reduce_op_db,
+    foreach_unary_op_db,
+)
+
+import npusim  # noqa: F401  (registers the npu device)
+from npusim.ops import FALLBACK_ROUTES
+from npusim.runtime import acl
+
+# _foreach_copy has npusim's own kernels (test_foreach_copy*.py).
+FOREACH_OPS = [op for op in (foreach_unary_op_db + foreach_binary_op_db + foreach_pointwise_op_db
+                             + foreach_reduce_op_db + foreach_other_op_db) if op.name != "_foreach_copy"]
+
+
+def _to(value: Any, device: str) -> Any:
+    if isinstance(value, torch.Tensor):
+        return value.to(device)
+    if isinstance(value, (list, tuple)):
+        return type(value)(_to(v, device) for v in value)
+    if isinstance(value, dict):
+        return {k: _to(v, device) for k, v in value.items()}
+    return value
+
+
+def _tasks(device: int = 0) -> int:
+    stream = torch.npu.current_stream(device)
+    return acl.stream_enqueued(stream.stream_id, stream.device_index)
+
+
+def _hold_stream(device: int = 0) -> None:
+    """Keeps the stream busy (10 ms) so that what follows is queued as a task, not done by the host."""
+    with torch.npu.device(device):
+        torch.npu._sleep(10**7)
+
+
+def _run(fn: Any, sample: Any, device: str) -> tuple[Any, Any]:
+    """(inputs after the call, result) of fn on the sample moved to ``device``, or the exception."""
+    inputs = _to([t.clone() for t in sample.input], device)
+    args, kwargs = _to(sample.args, device), _to(sample.kwargs, device)
+    try:
+        out = fn(inputs, *args, **kwargs)
+    except Exception as e:  # noqa: BLE001  (compared with CPU's below)
+        return None, e
+    return inputs, out
+
+
+def _assert_same(npu: Any, cpu: Any, what: str) -> None:
+    if isinstance(cpu, torch.Tensor):
+        assert isinstance(npu, torch.Tensor) and npu.device.type == "npu", what
+        assert npu.dtype == cpu.dtype and npu.shape == cpu.shape, (what, npu.dtype, cpu.dtype)
+        assert torch.equal(npu.cpu(), cpu) or (cpu.isnan() == npu.cpu().isnan()).all() and torch.equal(
+            npu.cpu().nan_to_num(), cpu.nan_to_num()), what
+    elif isinstance(cpu, (list, tuple)):
+        assert isinstance(npu, (list, tuple)) and len(npu) == len(cpu), what
+        for i, (n, c) in enumerate(zip(npu, cpu, strict=True)):
+            _assert_same(n, c, f"{what}[{i}]")
+    else:
+        assert npu == cpu, what
+
+
+def test_every_foreach_op_but_copy_takes_the_one_launch_kernel():
+    """All 200-odd _foreach_* overloads with a composite are routed to the one-launch kernel."""
+    routed = {name for name, route in FALLBACK_ROUTES.items() if route == "foreach"}
+    assert {"aten::_foreach_mul_.Scalar", "aten::_foreach_addcdiv_.ScalarList", "aten::_foreach_sqrt",
+            "aten::_foreach_norm.Scalar", "aten::_foreach_lerp_.Scalar", "aten::_foreach_add.List_out"} <= routed
+    assert len(routed) > 200
+    assert not any(name.startswith("aten::_foreach_copy") for name in routed)
+
+
+@pytest.mark.parametrize("op", FOREACH_OPS, ids=lambda op: op.name)
+def test_a_foreach_op_is_one_task_with_cpus_results(op):
+    """Each sample of PyTorch's foreach OpInfos (float32, 3 tensors): the functional and the in-place call
+    on a busy stream enqueue one task each, and give CPU's values (or CPU's exception type)."""
+    variants = [("functional", op.op)] + ([("in-place", op.inplace_variant)] if op.inplace_variant else [])
+    checked = 0
+    for sample in op.sample_inputs("cpu", torch.float32, num_input_tensors=[3]):
+        for kind, fn in variants:
+            cpu_inputs, cpu_out = _run(fn, sample, "cpu")
+            _hold_stream()
+            before = _tasks()
+            npu_inputs, npu_out = _run(fn, sample, "npu")
+            launched = _tasks() - before
+            torch.npu.synchronize()
+            what = f"{op.name} {kind} args={sample.args!r:.60} kwargs={sample.kwargs}"
+            if isinstance(cpu_out, Exception):
+                assert isinstance(npu_out, type(cpu_out)), (what, cpu_out, npu_out)
+                continue
+            assert launched == 1, (what, launched)
+            _assert_same(npu_out, cpu_out, what)
+            _assert_same(npu_inputs, cpu_inputs, what + " inputs")
+            checked += 1
+    assert checked > 0, op.name
+
+
+def test_a_list_on_two_npus_runs_each_tensors_op_on_its_own_device():
+    """Lists over npu:0 and npu:1 take the composite: a task on each device's stream, right values there."""
+    cpu = [torch.randn(64), torch.randn(64)]
+    lists = [cpu[0].to("npu:0"), cpu[1].to("npu:1")]
+    _hold_stream(0)
+    _hold_stream(1)
+    before = (_tasks(0), _tasks(1))
+    out = torch._foreach_mul(lists, 3.0)
+    assert (_tasks(0) - before[0], _tasks(1) - before[1]) == (1, 1)
+    assert [t.device for t in out] == [torch.device("npu:0"), torch.device("npu:1")]
+    for o, c in zip(out, cpu, strict=True):
+        assert torch.equal(o.cpu(), c * 3.0)
+
+
+def test_a_cpu_tensor_in_a_list_is_refused_and_nothing_is_written():
+    """A list mixing npu and CPU tensors runs each tensor's op, whose device rule refuses the CPU one."""
+    a = [torch.ones(4, device="npu"), torch.ones(4)]
+    b = [torch.ones(4, device="npu"), torch.ones(4, device="npu")]
+    with pytest.raises(RuntimeError, match="npu|device"):
+        torch._foreach_add_(a, b)
+    assert torch.equal(a[1], torch.ones(4))
+
+
+def test_scalar_lists_of_new_values_reuse_the_cached_output_metadata():
+    """An optimizer hands _foreach_addcdiv_ new floats each step: one cached answer serves them all; new
+    integer values each get their own."""
+    params = [torch.randn(32, device="npu") for _ in range(3)]
+    num, den = [torch.randn(32, device="npu") for _ in range(3)], [torch.rand(32, device="npu") + 1 for _ in range(3)]
+    ints = [torch.arange(1, 5, device="npu") for _ in range(3)]
+    expected = [p.cpu() for p in params]
+    cpu_num, cpu_den = [t.cpu() for t in num], [t.cpu() for t in den]
+    _hold_stream()  # every call below is a launch (an idle stream's small work is done by the host)
+    before = _tasks()
+    torch._foreach_addcdiv_(params, num, den, [0.5, 0.25, 0.125])
+    torch._foreach_addcdiv_(expected, cpu_num, cpu_den, [0.5, 0.25, 0.125])
+    cached = acl.cached_meta_plans()
+    for step in range(5):
+        torch._foreach_addcdiv_(params, num, den, [0.1 / (step + 1)] * 3)
+        torch._foreach_addcdiv_(expected, cpu_num, cpu_den, [0.1 / (step + 1)] * 3)
+    assert acl.cached_meta_plans() == cached
+    for exponent in range(1, 4):
+        torch._foreach_pow(ints, [exponent] * 3)
+    assert acl.cached_meta_plans() == cached + 3
+    assert _tasks() - before == 9
+    torch.npu.synchronize()
+    assert all(torch.equal(p.cpu(), e) for p, e in zip(params, expected, strict=True))
+
+
+def test_a_failing_foreach_task_is_reported_at_the_next_synchronize():
+    """pow's Meta kernel does not check a negative integer exponent, so the launch succeeds and CPU's
+    kernel raises on the stream: the next synchronize names the op and the stream, as CUDA reports a
+    failed kernel."""
+    ints = [torch.arange(1, 5, device="npu") for _ in range(2)]
+    _hold_stream()
+    torch._foreach_pow(ints, [-1, -1])
+    with pytest.raises(RuntimeError, match=r"npu:0 stream 0 \(default\): aten::_foreach_pow.ScalarList failed: "
+                                           r"Integers to negative integer powers are not allowed"):
+        torch.npu.synchronize()
+    torch.npu.synchronize()  # reported once
+
+
+def test_foreach_adamw_step_is_cpus_bit_for_bit():
+    """torch.optim.AdamW (foreach, npu's default) updates the parameters exactly as CPU's foreach step."""
+    torch.manual_seed(0)
+    cpu_params = [torch.nn.Parameter(torch.randn(s)) for s in ((16, 8), (8,), (4, 16))]
+    npu_params = [torch.nn.Parameter(p.detach().to("npu")) for p in cpu_params]
+    opts = [torch.optim.AdamW(ps, lr=1e-2, foreach=True) for ps in (cpu_params, npu_params)]
+    for _step in range(3):
+        grads = [torch.randn_like(p) for p in cpu_params]
+        for p, q, g in zip(cpu_params, npu_params, grads, strict=True):
+            p.grad, q.grad = g, g.to("npu")
+        for opt in opts:
+            opt.step()
+    for p, q in zip(cpu_params, npu_params, strict=True):
+        assert torch.equal(p.detach(), q.detach().cpu())
