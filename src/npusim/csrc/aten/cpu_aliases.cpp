@@ -94,7 +94,11 @@ class AliasPool {
   }
 
  private:
-  static constexpr size_t kSize = 8;
+  // A foreach task holds an alias per tensor of each list (AdamW's
+  // addcdiv_ over 6 parameters holds 18), so a pool of a single op's
+  // handful would make most of them fresh; a take scans only until the
+  // first free one.
+  static constexpr size_t kSize = 32;
 
   static bool reusable(const at::Tensor& pooled) {
     const c10::TensorImpl* impl = pooled.unsafeGetTensorImpl();
