@@ -86,41 +86,20 @@ def repeated(fn: Callable[[], object], *, repeats: int, label: str, sub_label: s
                                  task_spec=_spec("fn()", label, sub_label, description, None))
 
 
-# Note [Warming in before each timed call]
-# Functions measured side by side leave threads spinning after they return:
-# OpenMP team threads wait busily for the next parallel region for a while
-# (libgomp's spin count, milliseconds), and a stream worker watches its queue
-# for 100 us before it sleeps (Note [Stream worker wake-ups]). A function
-# timed right after another shares the cores with the other's spinning
-# threads: on 2 cores the CPU training step of `bench sim-cost` measured
-# 3.2 ms right after an npu step and 0.5 ms in a loop of its own, and the npu
-# step 5.4 ms right after a CPU step and 3.2 ms alone. Sleeping between calls
-# is no cure: a CPU step whose team threads have gone to sleep pays their
-# wake-ups (1.7 ms). What a program that runs one of them sees is a loop of
-# its own, so with ``warm_in_s`` each turn first calls the function untimed
-# for that long (its own threads take the cores again, the other's stop
-# spinning) and then times one call. The number of untimed calls differs
-# between the functions, so only functions whose results are not compared
-# call by call take it.
-
-
-def interleaved(fns: Mapping[str, Callable[[], object]], steps: int, warmup: int = 0,
-                warm_in_s: float = 0.0) -> dict[str, list[float]]:
+def interleaved(fns: Mapping[str, Callable[[], object]], steps: int, warmup: int = 0) -> dict[str, list[float]]:
     """Seconds per call of each function, the functions taking turns call by call.
 
     Which goes first alternates from one round to the next, so that none always
-    runs right after another; the first ``warmup`` rounds are not kept. With
-    ``warm_in_s``, each turn calls the function untimed for that long before the
-    timed call (Note [Warming in before each timed call]).
+    runs right after another; the first ``warmup`` rounds are not kept. Each
+    function shares the cores with the threads the one before it left spinning
+    (Note [Each device in a process of its own], bench/sim_cost.py), so this
+    suits functions compared call by call, not the cost of a loop of one.
     """
     timers = {name: timeit.Timer(fn) for name, fn in fns.items()}
     names = list(fns)
     times: dict[str, list[float]] = {name: [] for name in names}
     for i in range(warmup + steps):
         for name in names if i % 2 == 0 else names[::-1]:
-            deadline = time.perf_counter() + warm_in_s
-            while time.perf_counter() < deadline:
-                fns[name]()
             seconds = timers[name].timeit(1)
             if i >= warmup:
                 times[name].append(seconds)

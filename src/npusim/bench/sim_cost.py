@@ -11,10 +11,9 @@ table (docs/BENCHMARKS.md), with ``torch.utils.benchmark`` (warm-up,
 - the per-op cost of ``a.add(b)`` on 64 floats;
 - a training step of the demo model (TinyTransformer, dim 64) with the
   default number of threads and with one, and a dispatch-bound step (a small
-  MLP on a batch of 8); npu and CPU steps take turns (which goes first
-  alternates), each timed step after 20 ms of its own untimed steps (Note
-  [Warming in before each timed call], bench/report.py), and the medians
-  become Measurements for Compare;
+  MLP on a batch of 8), each device timed in fresh processes of its own, npu
+  and CPU processes taking turns (Note [Each device in a process of its
+  own]); the medians become Measurements for Compare;
 - the first ``import npusim`` and the first process group of a fresh process.
 
 The FSDP2 step (npu+hccl vs CPU+gloo) has its own benchmark, ``bench fsdp-step``.
@@ -29,6 +28,7 @@ import os
 import subprocess
 import sys
 import time
+import timeit
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any, NamedTuple
@@ -130,32 +130,78 @@ def _mlp_step_fn(device: str) -> Callable[[], float]:
     return _training_step(model, torch.randn(8, 256, generator=gen), torch.randint(0, 10, (8,), generator=gen), device)
 
 
-# (row name, sub-label, step factory, threads: None for the default count, goal)
+# The steps by name, for the processes that time one device each.
+_STEP_FNS: dict[str, Callable[[str], Callable[[], float]]] = {"demo": _demo_step_fn, "mlp": _mlp_step_fn}
+
+# (row name, sub-label, step, threads: None for the default count, goal)
 _STEPS = (
-    ("demo model training step", "TinyTransformer dim 64", _demo_step_fn, None, 1.0),
-    ("demo model training step", "TinyTransformer dim 64", _demo_step_fn, 1, 1.1),
-    ("dispatch-bound training step", "MLP 3x256, batch 8", _mlp_step_fn, None, 0.9),
+    ("demo model training step", "TinyTransformer dim 64", "demo", None, 1.0),
+    ("demo model training step", "TinyTransformer dim 64", "demo", 1, 1.1),
+    ("dispatch-bound training step", "MLP 3x256, batch 8", "mlp", None, 0.9),
 )
 
+# Processes per device and row; npu and CPU processes take turns.
+_ROUNDS = 3
+# Untimed steps a process runs first (first-call paths, the allocators' caches, threads settling).
+_WARM_UP_S = 0.3
 
-# Each timed step follows its own steps for this long (Note [Warming in before each timed call]).
-_WARM_IN_S = 0.02
+
+# Note [Each device in a process of its own]
+# A training step leaves threads spinning after it returns: OpenMP team
+# threads wait busily for the next parallel region for a while (libgomp's
+# spin count, milliseconds), a stream worker watches its queue before it
+# sleeps (Note [Stream worker wake-ups]). With npu and CPU steps taking turns
+# in one process, each shared the cores with the other's spinning threads: on
+# 2 cores the CPU MLP step measured 3.2 ms right after an npu step and 0.5 ms
+# in a loop of its own. Sleeping between turns is no cure (a CPU step whose
+# team threads have gone to sleep pays their wake-ups), and 20 ms of untimed
+# steps before each timed one did not always let the team settle (the CPU
+# demo step read 9.8 ms in one run, 2.7-3.4 ms in a process of its own).
+# What a user runs is one device in one process, so each device's steps are
+# timed in a fresh process of their own
+# (`python -m npusim.bench.sim_cost --steps-of`), and npu and CPU processes
+# take turns, _ROUNDS of each, so that both see the machine's load over the
+# whole run. The CPU process imports npusim too (the step factories live
+# there) but never touches an npu, so no stream worker starts in it.
+
+
+def steps_in_this_process(step: str, device: str, threads: int, seconds: float) -> list[float]:
+    """Seconds per training step of ``step`` on ``device`` with ``threads`` threads, timed for about
+    ``seconds`` after _WARM_UP_S of untimed steps, in this process."""
+    torch.set_num_threads(threads)
+    fn = _STEP_FNS[step](device)
+    timer = timeit.Timer(fn)
+    deadline = time.perf_counter() + _WARM_UP_S
+    while time.perf_counter() < deadline:
+        fn()
+    times: list[float] = []
+    deadline = time.perf_counter() + seconds
+    while time.perf_counter() < deadline or len(times) < 10:
+        times.append(timer.timeit(1))
+    return times
+
+
+def _steps_in_a_fresh_process(step: str, device: str, threads: int, seconds: float) -> list[float]:
+    command = [sys.executable, "-m", "npusim.bench.sim_cost", "--steps-of", step, device, str(threads), str(seconds)]
+    out = subprocess.run(command, capture_output=True, text=True, timeout=600, check=False)
+    if out.returncode != 0:
+        raise RuntimeError(f"bench sim-cost: the {device} process timing the {step} step exited with "
+                           f"{out.returncode}:\n{out.stderr[-2000:]}")
+    return [float(t) for t in json.loads(out.stdout.splitlines()[-1])]
 
 
 def _train_rows(min_run_time: float) -> tuple[list[Row], list[benchmark.Measurement]]:
-    """Training steps on npu and CPU, the two taking turns step by step (which goes first alternates), so
-    that both see the same machine load; medians after warm-up."""
+    """Training steps on npu and CPU, each device in processes of its own taking turns (Note [Each device
+    in a process of its own]); the medians over all its processes become a device's Measurement."""
     rows, measurements = [], []
     default_threads = torch.get_num_threads()
-    for what, sub, make_step, threads, goal in _STEPS:
+    for what, sub, step, threads, goal in _STEPS:
         threads = threads or default_threads
-        torch.set_num_threads(threads)
-        steps = {"npu": make_step("npu"), "CPU": make_step("cpu")}
-        start = time.perf_counter()
-        report.interleaved(steps, steps=3)  # warm-up, and the time one round takes
-        rounds = max(10, int(min_run_time / ((time.perf_counter() - start) / 3)))
-        times = report.interleaved(steps, steps=rounds, warm_in_s=_WARM_IN_S)
-        torch.set_num_threads(default_threads)
+        times: dict[str, list[float]] = {"npu": [], "CPU": []}
+        for i in range(_ROUNDS):
+            for device in ("npu", "CPU") if i % 2 == 0 else ("CPU", "npu"):
+                print(f"      {step} step, {threads} thread(s), {device} process {i + 1} of {_ROUNDS}", flush=True)
+                times[device] += _steps_in_a_fresh_process(step, device.lower(), threads, min_run_time / _ROUNDS)
         sub_label = f"{sub}, {threads} thread(s)"
         npu, cpu = (report.measurement(times[d], label=what, sub_label=sub_label, description=d,
                                        num_threads=threads) for d in ("npu", "CPU"))
@@ -244,3 +290,11 @@ def _plot(rows: list[Row], path: Path) -> None:
         ax.legend(loc="lower right")
 
     save_plot(path, draw, size=(8, 0.6 * len(rows) + 1.2))
+
+
+if __name__ == "__main__":  # `--steps-of STEP DEVICE THREADS SECONDS`: one device's steps, for _train_rows
+    if len(sys.argv) != 6 or sys.argv[1] != "--steps-of":
+        raise SystemExit("usage: python -m npusim.bench.sim_cost --steps-of STEP DEVICE THREADS SECONDS")
+    if sys.argv[3] == "npu":
+        import npusim  # noqa: F401  (registers the npu device)
+    print(json.dumps(steps_in_this_process(sys.argv[2], sys.argv[3], int(sys.argv[4]), float(sys.argv[5]))))
