@@ -130,12 +130,28 @@ void NpuStream::set_capture(StreamCapture* capture) {
 // condition variable only when its counterpart is asleep (push checks
 // worker_sleeping_ under the lock; a finished task takes the lock and
 // notifies only while host_waiters_ is non-zero). In a steady stream of work
-// neither side makes a system call. The spins are short so that an idle
-// device costs no CPU: a worker with nothing queued for kWorkerSpin sleeps.
+// neither side makes a system call.
+//
+// How long to spin is set by the gaps a training step leaves, not by one
+// op: the worker idles while the host runs the optimizer's Python or
+// autograd's bookkeeping, and the host waits at .item() for the backlog of a
+// whole step; both gaps last up to a few milliseconds. With spins of 100 us
+// (worker) and 50 us (host), both sides slept in each gap, and on a 2-core
+// VM whose idle vCPUs are woken by the hypervisor a wake-up took long enough
+// that the dispatch-bound MLP step of `bench sim-cost` measured 2.6-3.3 ms
+// on npu against 1.7-2.8 ms on CPU; with 1 ms spins 2.5-3.1 ms, with 3 ms
+// 1.5-2.8 ms (a fresh process each, 2026-12-03, docs/BENCHMARKS.md). So
+// both sides spin 3 ms. The spinner yields every 64 turns (spin_until), so
+// a runnable thread on its core (an OpenMP team thread, another rank's
+// host) still gets the core; what the spin costs is a core for 3 ms after
+// the last task of a burst, the kind of cost an OpenMP team's spin-wait
+// has after each parallel region (libgomp spins 300,000 turns by default).
+// CUDA's host waits spin too: cudaDeviceScheduleAuto spins unless the
+// process has more contexts than there are cores.
 
 namespace {
-constexpr auto kWorkerSpin = std::chrono::microseconds(100);
-constexpr auto kHostSpin = std::chrono::microseconds(50);
+constexpr auto kWorkerSpin = std::chrono::milliseconds(3);
+constexpr auto kHostSpin = std::chrono::milliseconds(3);
 
 inline void cpu_relax() {
 #if defined(__x86_64__) || defined(__i386__)
