@@ -101,8 +101,10 @@ def test_launch_blocking_is_set_in_process():
             dst.copy_(src)
             blocked_s = time.perf_counter() - begin
             assert torch.npu.current_stream().pending() == 0
-        finally:
             acl.set_launch_blocking(False)
-        dst.copy_(src)
-        assert torch.npu.current_stream().pending() == 1
+            dst.copy_(src)
+            assert torch.npu.current_stream().pending() == 1
+        finally:
+            # the process's own setting: under NPUSIM_LAUNCH_BLOCKING=1 the tests after this one run blocking
+            acl.set_launch_blocking(config.launch_blocking())
     assert blocked_s >= 0.015

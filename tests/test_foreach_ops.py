@@ -80,6 +80,7 @@ def test_every_foreach_op_but_copy_takes_the_one_launch_kernel():
     assert not any(name.startswith("aten::_foreach_copy") for name in routed)
 
 
+@pytest.mark.asynchronous  # counts the tasks a call enqueues
 @pytest.mark.parametrize("op", FOREACH_OPS, ids=lambda op: op.name)
 def test_a_foreach_op_is_one_task_with_cpus_results(op):
     """Each sample of PyTorch's foreach OpInfos (float32, 3 tensors): the functional and the in-place call
@@ -105,6 +106,7 @@ def test_a_foreach_op_is_one_task_with_cpus_results(op):
     assert checked > 0, op.name
 
 
+@pytest.mark.asynchronous  # counts the tasks a call enqueues
 def test_a_list_on_two_npus_runs_each_tensors_op_on_its_own_device():
     """Lists over npu:0 and npu:1 take the composite: a task on each device's stream, right values there."""
     cpu = [torch.randn(64), torch.randn(64)]
@@ -128,12 +130,14 @@ def test_a_cpu_tensor_in_a_list_is_refused_and_nothing_is_written():
     assert torch.equal(a[1], torch.ones(4))
 
 
+@pytest.mark.asynchronous  # counts the tasks a call enqueues
 def test_scalar_lists_of_new_values_reuse_the_cached_output_metadata():
     """An optimizer hands _foreach_addcdiv_ new floats each step: one cached answer serves them all; new
     integer values each get their own."""
     params = [torch.randn(32, device="npu") for _ in range(3)]
     num, den = [torch.randn(32, device="npu") for _ in range(3)], [torch.rand(32, device="npu") + 1 for _ in range(3)]
-    ints = [torch.arange(1, 5, device="npu") for _ in range(3)]
+    # a shape and dtype no other test gives pow, so that no earlier test has cached its plans
+    ints = [torch.arange(1, 14, dtype=torch.int32, device="npu").reshape(1, 13) for _ in range(3)]
     expected = [p.cpu() for p in params]
     cpu_num, cpu_den = [t.cpu() for t in num], [t.cpu() for t in den]
     _hold_stream()  # every call below is a launch (an idle stream's small work is done by the host)
@@ -153,6 +157,7 @@ def test_scalar_lists_of_new_values_reuse_the_cached_output_metadata():
     assert all(torch.equal(p.cpu(), e) for p, e in zip(params, expected, strict=True))
 
 
+@pytest.mark.asynchronous  # counts the tasks a call enqueues
 def test_a_failing_foreach_task_is_reported_at_the_next_synchronize():
     """pow's Meta kernel does not check a negative integer exponent, so the launch succeeds and CPU's
     kernel raises on the stream: the next synchronize names the op and the stream, as CUDA reports a
