@@ -292,9 +292,8 @@ def _plot(rows: list[Row], path: Path) -> None:
     save_plot(path, draw, size=(8, 0.6 * len(rows) + 1.2))
 
 
+# `-m` imports the npusim package first, which registers the npu device.
 if __name__ == "__main__":  # `--steps-of STEP DEVICE THREADS SECONDS`: one device's steps, for _train_rows
     if len(sys.argv) != 6 or sys.argv[1] != "--steps-of":
         raise SystemExit("usage: python -m npusim.bench.sim_cost --steps-of STEP DEVICE THREADS SECONDS")
-    if sys.argv[3] == "npu":
-        import npusim  # noqa: F401  (registers the npu device)
     print(json.dumps(steps_in_this_process(sys.argv[2], sys.argv[3], int(sys.argv[4]), float(sys.argv[5]))))
