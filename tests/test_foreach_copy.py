@@ -106,6 +106,7 @@ def _slow_copy_setup(n: int = 8, numel: int = 1 << 18) -> tuple[list[torch.Tenso
     return dst, src, n * numel * 4 / (gbps * 1e9)
 
 
+@pytest.mark.asynchronous
 @pytest.mark.parametrize("non_blocking", [False, True])
 def test_aligned_fast_path_returns_before_copies_complete(non_blocking: bool):
     """With copies slowed down, the aligned fast path returns at once, its tasks still pending."""
@@ -121,6 +122,7 @@ def test_aligned_fast_path_returns_before_copies_complete(non_blocking: bool):
     assert_equal_lists(dst, want)
 
 
+@pytest.mark.asynchronous
 def test_fast_path_runs_on_the_current_stream():
     """The fast path's tasks go to the current stream of the destinations' device, not the default one."""
     dst, src, _ = _slow_copy_setup()
@@ -148,6 +150,7 @@ def test_legacy_mode_blocking_waits_for_the_copy():
     assert_equal_lists(dst, want)
 
 
+@pytest.mark.asynchronous
 def test_legacy_mode_non_blocking_true_stays_async():
     """Legacy mode passes the caller's non_blocking=True down: the fast path stays asynchronous."""
     dst, src, _ = _slow_copy_setup()

@@ -178,6 +178,7 @@ def _timed_copy(dst: list[torch.Tensor], src: list[torch.Tensor], non_blocking: 
     return counts, elapsed, torch.npu.current_stream().pending()
 
 
+@pytest.mark.asynchronous
 def test_mode_is_the_kernels_and_the_legacy_fast_route_waits():
     """Legacy mode, set by API or context manager, makes the fast route wait for a blocking copy;
     back in aligned mode it returns at once."""
@@ -204,6 +205,7 @@ def test_mode_is_the_kernels_and_the_legacy_fast_route_waits():
     assert_equal_lists(dst, want)
 
 
+@pytest.mark.asynchronous
 def test_legacy_wait_uses_the_profile_timeout():
     """The blocking legacy copy waits at most the profile's sync_timeout_s, traced or not, with one error."""
     dst, src, _ = _slow_pairs()

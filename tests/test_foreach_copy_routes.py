@@ -27,6 +27,7 @@ def test_host_device_lists_take_batch_with_callers_flag(direction: str, non_bloc
     assert_equal_lists(dst, want)
 
 
+@pytest.mark.asynchronous
 def test_blocking_batch_synchronizes_the_stream_with_the_profile_timeout():
     """A blocking batch first waits for the current stream; past sync_timeout_s it raises, copying nothing."""
     big_dst, big_src = pairs(1, torch.float32, shape=(1 << 20,))

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import pytest
 import torch
 
 import npusim
@@ -46,6 +47,7 @@ def test_key_is_device_dtype_and_size():
     assert cache.stats().hits == 1
 
 
+@pytest.mark.asynchronous
 def test_reuse_is_ordered_after_the_previous_users_stream():
     """A buffer released while its last writer is still queued on another stream is reused only
     after that work: the new user's stream waits on the release event."""

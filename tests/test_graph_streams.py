@@ -77,6 +77,36 @@ def test_captured_lanes_replay_in_parallel() -> None:
         assert torch.equal(d.cpu(), s.cpu())
 
 
+def test_under_launch_blocking_a_replay_is_one_blocking_launch_whose_lanes_still_overlap() -> None:
+    """NPUSIM_LAUNCH_BLOCKING=1 (set in process): replay() returns with the whole graph done, the side lane's
+    copy included, in about one copy's time, as a blocking cudaGraphLaunch runs the graph's branches in parallel."""
+    src = [torch.randn(16 * 1024, device="npu") for _ in range(2)]
+    dst = [torch.empty_like(s) for s in src]
+    side = _side_stream()
+    g = torch.npu.NPUGraph()
+    with npusim.timing.model(copy_gbps=0.0005):  # ~130 ms per copy
+        with torch.npu.graph(g):
+            main = torch.npu.current_stream()
+            side.wait_stream(main)
+            with torch.npu.stream(side):
+                dst[1].copy_(src[1])
+            dst[0].copy_(src[0])
+            main.wait_stream(side)
+        torch.npu.synchronize()
+        try:
+            npusim.runtime.acl.set_launch_blocking(True)
+            start = time.perf_counter()
+            g.replay()
+            elapsed = time.perf_counter() - start
+            assert torch.npu.current_stream().query()
+        finally:
+            npusim.runtime.acl.set_launch_blocking(npusim.config.launch_blocking())
+    one_copy = 64 * 1024 / 0.0005e9
+    assert one_copy <= elapsed < 1.6 * one_copy, f"replay took {elapsed:.3f} s, a copy {one_copy:.3f} s"
+    for d, s in zip(dst, src, strict=True):
+        assert torch.equal(d.cpu(), s.cpu())
+
+
 def test_unjoined_side_stream_raises_cudas_error_and_leaves_streams_uncaptured() -> None:
     """A forked stream with work the capturing stream never waits for fails capture_end with CUDA's error."""
     a = torch.randn(8, 8, device="npu")
@@ -94,6 +124,7 @@ def test_unjoined_side_stream_raises_cudas_error_and_leaves_streams_uncaptured()
         assert torch.equal((a * 2).cpu(), a.cpu() * 2)
 
 
+@pytest.mark.asynchronous
 def test_waiting_on_unfinished_uncaptured_work_raises_cudas_isolation_error() -> None:
     """A capturing stream waiting on an event of unfinished work outside the capture raises CUDA's error."""
     other, capturing = torch.npu.Stream(), torch.npu.Stream(priority=-1)
@@ -149,8 +180,8 @@ def test_a_failing_lane_fails_the_replay_without_hanging() -> None:
         main.wait_stream(side)
         total = draws.sum()
     p.fill_(2.0)  # no longer a probability
-    g.replay()
     with pytest.raises(RuntimeError, match=r"expected every element of p in \[0, 1\]"):
+        g.replay()  # under launch blocking the replay itself raises, as a blocking cudaGraphLaunch would
         torch.npu.synchronize()
     p.fill_(0.5)
     g.replay()
@@ -158,6 +189,7 @@ def test_a_failing_lane_fails_the_replay_without_hanging() -> None:
     assert 0 <= total.item() <= 16
 
 
+@pytest.mark.asynchronous
 def test_a_free_while_replayed_lanes_run_fences_the_lane_streams() -> None:
     """On the last device, a tensor freed while a replayed side lane still runs is fenced by that lane's stream
     (replay lane streams are outside the device's stream table), and the freed block is not handed out before the

@@ -163,6 +163,7 @@ def _cycles(seconds: float) -> int:
     return int(seconds * 1e6 * get_profile().clock_mhz)
 
 
+@pytest.mark.asynchronous
 def test_replay_sees_inputs_written_on_its_stream_and_not_those_of_another_without_a_wait() -> None:
     """The review's replay smoke: input written by a slow copy on the calling stream is read by the replay; written
     on another stream without a wait, the replay reads the old values; with the wait, the new ones."""

@@ -58,6 +58,7 @@ def test_capture_records_instead_of_running() -> None:
     assert torch.equal(y.cpu(), torch.full((8,), 4.0))
 
 
+@pytest.mark.asynchronous
 def test_replay_is_asynchronous_to_the_host() -> None:
     """replay() returns while the captured work is still pending on the stream."""
     src = torch.randn(64 * 1024, device="npu")
@@ -276,6 +277,7 @@ def test_graph_tree_input_copy_fast_route_equals_eager() -> None:
         torch.testing.assert_close(tree.out.cpu(), tree.fn(*inputs).cpu())
 
 
+@pytest.mark.asynchronous
 def test_graph_tree_slow_copy_same_stream_is_ordered() -> None:
     """With copies slowed by the timing model, a replay on the copy's stream reads the new inputs."""
     shape = (64, 64)  # 16 KiB per input
@@ -290,6 +292,7 @@ def test_graph_tree_slow_copy_same_stream_is_ordered() -> None:
             torch.testing.assert_close(tree.out.cpu(), tree.fn(*inputs).cpu())
 
 
+@pytest.mark.asynchronous
 def test_graph_tree_copy_on_other_stream_races_without_wait() -> None:
     """A copy on another stream without a wait is raced by the replay (stale inputs); wait_stream fixes it."""
     shape = (64, 64)

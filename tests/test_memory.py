@@ -111,6 +111,7 @@ def _state(address: int) -> str:
     return "released"
 
 
+@pytest.mark.asynchronous
 def test_deferred_free_survives_repeated_reclaims():
     """A block freed under another stream's pending copy stays pending across reclaims until that stream passes
     it, then is cached; empty_cache then releases its segment."""

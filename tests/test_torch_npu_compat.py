@@ -120,6 +120,7 @@ def test_framework_name_is_refused_by_name(torch_npu, path):
     assert path.rsplit(".", 1)[-1] in str(info.value)
 
 
+@pytest.mark.asynchronous
 def test_raw_stream_and_sleep_entry_points(torch_npu):
     """_npu_getCurrentRawStream is the current stream's id; _npu_sleep holds that stream."""
     stream = torch.npu.Stream(device=1)

@@ -31,8 +31,12 @@ namespace npusim {
 // stream-ordered frees see the whole graph. A task that fails stops the replay:
 // every flag is raised so no lane waits for ever, and the origin's task fails
 // with that error (reported by the replay stream, as asynchronous failures
-// are). Under NPUSIM_LAUNCH_BLOCKING=1 the replay runs every task on the
-// replay stream in the order they were captured, which every wait respects.
+// are). Under NPUSIM_LAUNCH_BLOCKING=1 a replay is one blocking launch, as
+// cudaGraphLaunch is under CUDA_LAUNCH_BLOCKING: the host waits for the origin's
+// task, and so for the whole graph, and a failure raises from replay() itself;
+// the lanes still run in parallel (a launch blocks the host, not the graph's
+// branches), so the side lanes are enqueued without blocking (enqueue_joined:
+// they wait on the origin's task, which is enqueued after them).
 
 namespace {
 
@@ -141,7 +145,7 @@ std::shared_ptr<const CapturedGraph> make_captured_graph(c10::DeviceIndex device
 
 void enqueue_replay(const std::shared_ptr<const CapturedGraph>& graph, NpuStream& stream,
     std::vector<std::function<void()>> prologue) {
-  if (graph->lanes.size() == 1 || launch_blocking()) {
+  if (graph->lanes.size() == 1) {
     stream.enqueue([graph, prologue = std::move(prologue)] {
       for (const auto& fn : prologue) {
         fn();
@@ -158,8 +162,8 @@ void enqueue_replay(const std::shared_ptr<const CapturedGraph>& graph, NpuStream
   auto run = std::make_shared<ReplayRun>(graph->num_records);
   // The side lanes first: each waits (on its first wait node) for the origin's lane.
   for (size_t l = 1; l < graph->lanes.size(); ++l) {
-    replay_lane_stream(graph->device, l).enqueue(
-        [graph, run, l] { run_lane(graph->lanes[l], *run); }, 0.0, "graph_replay_lane");
+    replay_lane_stream(graph->device, l).enqueue_joined(
+        [graph, run, l] { run_lane(graph->lanes[l], *run); }, "graph_replay_lane");
   }
   stream.enqueue([graph, run, prologue = std::move(prologue)] {
     try {

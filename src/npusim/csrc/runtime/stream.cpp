@@ -192,6 +192,12 @@ void NpuStream::enqueue(std::function<void()> fn, double duration_us, const char
   }
 }
 
+void NpuStream::enqueue_joined(std::function<void()> fn, const char* op) {
+  TORCH_INTERNAL_ASSERT(capture() == nullptr, "npusim: a joined task is never captured (", op, ")");
+  push(Task{std::move(fn), 0.0, op, TaskKind::kWork,
+      profiler_active() ? profile_task(op, device_, id_, activity_kind(op), 0.0) : nullptr});
+}
+
 void NpuStream::enqueue_unobserved(std::function<void()> fn, const char* op) {
   push(Task{std::move(fn), 0.0, op, TaskKind::kSignal, nullptr});
 }

@@ -117,6 +117,11 @@ class NpuStream {
   // profiler traces.
   void enqueue(std::function<void()> fn, double duration_us = 0.0, const char* op = "task",
       TaskKind kind = TaskKind::kWork);
+  // enqueue for a task that a task enqueued next on another stream joins (a
+  // replayed side lane, which the replay's origin task waits for): it never
+  // blocks under launch blocking, since it may wait on that later task; the
+  // joining task's launch blocks for both.
+  void enqueue_joined(std::function<void()> fn, const char* op);
   // A task no observer sees (no device activity, never captured, never
   // blocking): the profiler's own timing markers (device_profiler.cpp). A
   // signal: it runs on a failed stream too.
