@@ -27,6 +27,23 @@ def _side_stream() -> torch.npu.Stream:
     return torch.npu.Stream(priority=-1)
 
 
+def _two_lane_copies() -> tuple[torch.npu.NPUGraph, list[torch.Tensor], list[torch.Tensor]]:
+    """(graph, sources, destinations): a graph of two 64 KiB copies, one on the capturing stream and one on a
+    side stream forked from and joined back to it."""
+    src = [torch.randn(16 * 1024, device="npu") for _ in range(2)]
+    dst = [torch.empty_like(s) for s in src]
+    side = _side_stream()
+    g = torch.npu.NPUGraph()
+    with torch.npu.graph(g):
+        main = torch.npu.current_stream()
+        side.wait_stream(main)
+        with torch.npu.stream(side):
+            dst[1].copy_(src[1])
+        dst[0].copy_(src[0])
+        main.wait_stream(side)
+    return g, src, dst
+
+
 def test_fork_join_capture_replays_equal_to_eager_with_both_streams_in_the_graph(tmp_path) -> None:  # noqa: ANN001
     """A side-stream matmul captured by fork/join replays equal to eager, the side stream's work in its own lane."""
     a, b = torch.randn(32, 32, device="npu"), torch.randn(32, 32, device="npu")
@@ -55,18 +72,8 @@ def test_fork_join_capture_replays_equal_to_eager_with_both_streams_in_the_graph
 
 def test_captured_lanes_replay_in_parallel() -> None:
     """Two streams' slow copies captured in parallel overlap on replay (timing model): about one copy's time."""
-    src = [torch.randn(16 * 1024, device="npu") for _ in range(2)]  # 64 KiB each
-    dst = [torch.empty_like(s) for s in src]
-    side = _side_stream()
-    g = torch.npu.NPUGraph()
-    with npusim.timing.model(copy_gbps=0.0005):  # ~130 ms per copy
-        with torch.npu.graph(g):
-            main = torch.npu.current_stream()
-            side.wait_stream(main)
-            with torch.npu.stream(side):
-                dst[1].copy_(src[1])
-            dst[0].copy_(src[0])
-            main.wait_stream(side)
+    with npusim.timing.model(copy_gbps=0.0005):  # ~130 ms per copy, modelled when the copies are captured
+        g, src, dst = _two_lane_copies()
         start = time.perf_counter()
         g.replay()
         torch.npu.synchronize()
@@ -80,18 +87,8 @@ def test_captured_lanes_replay_in_parallel() -> None:
 def test_under_launch_blocking_a_replay_is_one_blocking_launch_whose_lanes_still_overlap() -> None:
     """NPUSIM_LAUNCH_BLOCKING=1 (set in process): replay() returns with the whole graph done, the side lane's
     copy included, in about one copy's time, as a blocking cudaGraphLaunch runs the graph's branches in parallel."""
-    src = [torch.randn(16 * 1024, device="npu") for _ in range(2)]
-    dst = [torch.empty_like(s) for s in src]
-    side = _side_stream()
-    g = torch.npu.NPUGraph()
-    with npusim.timing.model(copy_gbps=0.0005):  # ~130 ms per copy
-        with torch.npu.graph(g):
-            main = torch.npu.current_stream()
-            side.wait_stream(main)
-            with torch.npu.stream(side):
-                dst[1].copy_(src[1])
-            dst[0].copy_(src[0])
-            main.wait_stream(side)
+    with npusim.timing.model(copy_gbps=0.0005):  # ~130 ms per copy, modelled when the copies are captured
+        g, src, dst = _two_lane_copies()
         torch.npu.synchronize()
         try:
             npusim.runtime.acl.set_launch_blocking(True)
