@@ -4,7 +4,7 @@ profile, no timing model and no memory cap, and leaves no device work behind."""
 from __future__ import annotations
 
 import gc
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 
 import pytest
 import torch
@@ -27,6 +27,14 @@ def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item
     for item in items:
         if "asynchronous" in item.keywords:
             item.add_marker(skip)
+
+
+@pytest.fixture
+def set_launch_blocking() -> Iterator[Callable[[bool], None]]:
+    """Switches launch blocking in this process for the test; the process's own setting comes back after it, so
+    that under NPUSIM_LAUNCH_BLOCKING=1 the tests that follow still run blocking."""
+    yield npusim.runtime.acl.set_launch_blocking
+    npusim.runtime.acl.set_launch_blocking(npusim_config.launch_blocking())
 
 
 @pytest.fixture(autouse=True)

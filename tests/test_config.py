@@ -12,7 +12,6 @@ import torch
 
 import npusim
 from npusim import config
-from npusim.runtime import acl
 
 
 def test_readers_name_the_variable_and_accepted_values():
@@ -89,22 +88,18 @@ def test_bad_device_count_at_import_names_the_variable():
     assert "ConfigError: NPUSIM_DEVICE_COUNT: expected an integer in [1, 16], got 'abc'" in result.stderr
 
 
-def test_launch_blocking_is_set_in_process():
+def test_launch_blocking_is_set_in_process(set_launch_blocking):
     """With launch blocking on, a queued copy has completed when copy_ returns; off, it is still pending."""
     src = torch.randn(1 << 18, device="npu")
     dst = torch.empty_like(src)
     torch.npu.synchronize()
     with npusim.timing.model(copy_gbps=0.05):  # about 20 ms for 1 MiB
-        try:
-            acl.set_launch_blocking(True)
-            begin = time.perf_counter()
-            dst.copy_(src)
-            blocked_s = time.perf_counter() - begin
-            assert torch.npu.current_stream().pending() == 0
-            acl.set_launch_blocking(False)
-            dst.copy_(src)
-            assert torch.npu.current_stream().pending() == 1
-        finally:
-            # the process's own setting: under NPUSIM_LAUNCH_BLOCKING=1 the tests after this one run blocking
-            acl.set_launch_blocking(config.launch_blocking())
+        set_launch_blocking(True)
+        begin = time.perf_counter()
+        dst.copy_(src)
+        blocked_s = time.perf_counter() - begin
+        assert torch.npu.current_stream().pending() == 0
+        set_launch_blocking(False)
+        dst.copy_(src)
+        assert torch.npu.current_stream().pending() == 1
     assert blocked_s >= 0.015

@@ -84,20 +84,17 @@ def test_captured_lanes_replay_in_parallel() -> None:
         assert torch.equal(d.cpu(), s.cpu())
 
 
-def test_under_launch_blocking_a_replay_is_one_blocking_launch_whose_lanes_still_overlap() -> None:
+def test_under_launch_blocking_a_replay_is_one_blocking_launch_whose_lanes_still_overlap(set_launch_blocking) -> None:  # noqa: ANN001
     """NPUSIM_LAUNCH_BLOCKING=1 (set in process): replay() returns with the whole graph done, the side lane's
     copy included, in about one copy's time, as a blocking cudaGraphLaunch runs the graph's branches in parallel."""
     with npusim.timing.model(copy_gbps=0.0005):  # ~130 ms per copy, modelled when the copies are captured
         g, src, dst = _two_lane_copies()
         torch.npu.synchronize()
-        try:
-            npusim.runtime.acl.set_launch_blocking(True)
-            start = time.perf_counter()
-            g.replay()
-            elapsed = time.perf_counter() - start
-            assert torch.npu.current_stream().query()
-        finally:
-            npusim.runtime.acl.set_launch_blocking(npusim.config.launch_blocking())
+        set_launch_blocking(True)
+        start = time.perf_counter()
+        g.replay()
+        elapsed = time.perf_counter() - start
+        assert torch.npu.current_stream().query()
     one_copy = 64 * 1024 / 0.0005e9
     assert one_copy <= elapsed < 1.6 * one_copy, f"replay took {elapsed:.3f} s, a copy {one_copy:.3f} s"
     for d, s in zip(dst, src, strict=True):
