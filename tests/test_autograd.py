@@ -4,6 +4,8 @@ from __future__ import annotations
 
 import copy
 import os
+import subprocess
+import sys
 import threading
 
 import pytest
@@ -143,3 +145,32 @@ def test_results_equal_cpu_bit_for_bit_whatever_team_the_worker_takes():
                 assert torch.equal(g.cpu(), e.detach()), threads
     finally:
         torch.set_num_threads(default)
+
+
+_TEAM_PROBE = """
+import os, sys, torch
+import npusim  # noqa: F401
+
+def team() -> int:  # threads named as the user's thread: the OpenMP team threads it made take its name
+    def name(tid): return open(f"/proc/self/task/{tid}/comm").read()
+    mine = name(os.getpid())
+    return sum(name(tid) == mine for tid in os.listdir("/proc/self/task"))
+
+torch.set_num_threads(int(sys.argv[1]))
+before = team()
+x = torch.ones(8, device="npu")
+assert (x * 2).sum().item() == 16.0
+print(before, team())
+"""
+
+
+@pytest.mark.parametrize("threads", [1, 2, 3])
+def test_the_users_thread_gets_the_openmp_team_of_its_count_at_its_first_npu_op(threads: int):
+    """Note [OpenMP's count of busy threads]: an npu program's parallel regions run on the stream workers,
+    so npusim gives the user's thread the team a CPU program's thread would have (libgomp then counts the
+    busy threads), of the user's count, once its first npu op records that count."""
+    out = subprocess.run([sys.executable, "-c", _TEAM_PROBE, str(threads)], capture_output=True, text=True,
+                         timeout=120, check=False)
+    assert out.returncode == 0, out.stderr[-2000:]
+    before, after = map(int, out.stdout.split())
+    assert after - before == threads - 1
