@@ -139,9 +139,9 @@ void FallbackCall::propagate_resizes() {
   for (TensorEntry& entry : tensors_) {
     c10::TensorImpl* device_impl = entry.device;
     const at::Tensor& cpu_tensor = entry.cpu;
-    if (entry.written && !device_impl->sizes().equals(cpu_tensor.sizes()) ||
-        !device_impl->strides().equals(cpu_tensor.strides()) ||
-        device_impl->storage_offset() != cpu_tensor.storage_offset()) {
+    if (entry.written &&
+        (!device_impl->sizes().equals(cpu_tensor.sizes()) || !device_impl->strides().equals(cpu_tensor.strides()) ||
+            device_impl->storage_offset() != cpu_tensor.storage_offset())) {
       device_impl->set_sizes_and_strides(cpu_tensor.sizes(), cpu_tensor.strides(), cpu_tensor.storage_offset());
     }
   }

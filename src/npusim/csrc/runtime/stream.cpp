@@ -185,8 +185,7 @@ void NpuStream::enqueue(std::function<void()> fn, double duration_us, const char
     graph->add_task(*this, std::move(fn), duration_us, op);
     return;
   }
-  push(Task{std::move(fn), duration_us, op, kind,
-      profiler_active() ? profile_task(op, device_, id_, activity_kind(op), duration_us) : nullptr});
+  push_observed(std::move(fn), duration_us, op, kind);
   if (launch_blocking() && !on_stream_worker()) {
     synchronize();
   }
@@ -194,8 +193,12 @@ void NpuStream::enqueue(std::function<void()> fn, double duration_us, const char
 
 void NpuStream::enqueue_joined(std::function<void()> fn, const char* op) {
   TORCH_INTERNAL_ASSERT(capture() == nullptr, "npusim: a joined task is never captured (", op, ")");
-  push(Task{std::move(fn), 0.0, op, TaskKind::kWork,
-      profiler_active() ? profile_task(op, device_, id_, activity_kind(op), 0.0) : nullptr});
+  push_observed(std::move(fn), 0.0, op, TaskKind::kWork);
+}
+
+void NpuStream::push_observed(std::function<void()> fn, double duration_us, const char* op, TaskKind kind) {
+  push(Task{std::move(fn), duration_us, op, kind,
+      profiler_active() ? profile_task(op, device_, id_, activity_kind(op), duration_us) : nullptr});
 }
 
 void NpuStream::enqueue_unobserved(std::function<void()> fn, const char* op) {

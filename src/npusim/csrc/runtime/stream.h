@@ -169,6 +169,8 @@ class NpuStream {
   void run();
   void run_task(Task& task);
   void push(Task task);
+  // push, with the task's profiler record when torch.profiler is active
+  void push_observed(std::function<void()> fn, double duration_us, const char* op, TaskKind kind);
   bool wait_for_work(uint64_t popped);
   void record_error(const char* op, const char* message);
   void raise_pending_error();
