@@ -194,6 +194,9 @@ set_foreach_copy_trace_sink: Callable[[Callable[[list[tuple[Any, ...]], bool, bo
 foreach_copy_traced: Callable[[], bool] = C.foreach_copy_traced
 # Dtype groups copied so far per route: {"fast": n, "batch": n, "slow": n, "compat": n}.
 foreach_copy_route_counts: Callable[[], dict[str, int]] = C.foreach_copy_route_counts
+# Calls the host ran with CPU's TensorIterator kernel on the npu tensors themselves (add, sub, mul,
+# div; Note [TensorIterator kernels on npu tensors], csrc/aten/iterator_kernels.cpp).
+iterator_kernel_runs: Callable[[], int] = C.iterator_kernel_runs
 
 
 # ---- observers (npusim.sanitizer; torch.profiler needs none: csrc/runtime/device_profiler.cpp)

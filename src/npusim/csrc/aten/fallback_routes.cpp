@@ -6,6 +6,7 @@
 
 #include "fallback_call.h"
 #include "foreach_launch.h"
+#include "iterator_kernels.h"
 #include "op_launch.h"
 #include "unboxed_launch.h"
 
@@ -250,6 +251,17 @@ struct UnboxedFallback<Op, OutOp, MetaFn, R(Args...)> {
       return boxed(keys, args...);  // recorded by a capture, or given to the cost hook
     }
     if (compute_on_the_host_now(current_stream(work.device < 0 ? current_device() : work.device), work.numel)) {
+      if constexpr (IteratorKernel<Op>::value) {
+        // Note [TensorIterator kernels on npu tensors]
+        at::Tensor result;
+        if (IteratorKernel<Op>::run(&result, args...)) {
+          if constexpr (std::is_same_v<R, at::Tensor&>) {
+            return std::get<0>(std::forward_as_tuple(args...));
+          } else {
+            return result;
+          }
+        }
+      }
       FallbackCall call(op);
       return run(call, std::index_sequence_for<Args...>{}, args...);
     }

@@ -10,6 +10,7 @@
 #include "../aten/host_transfer.h"
 #include "../aten/intraop_threads.h"
 #include "../aten/ipc.h"
+#include "../aten/iterator_kernels.h"
 #include "../aten/meta_cache.h"
 #include "../aten/op_launch.h"
 #include "../aten/primitives.h"
@@ -134,6 +135,7 @@ void init_ops_bindings(py::module& m) {
     });
   });
   m.def("foreach_copy_traced", &npusim::foreach_copy_traced);
+  m.def("iterator_kernel_runs", &npusim::iterator_kernel_runs);
   m.def("foreach_copy_route_counts", [] {
     const std::vector<int64_t> counts = npusim::foreach_copy_route_counts();
     py::dict d;

@@ -8,6 +8,7 @@
 #include "../aten/launch_args.cpp"
 #include "../aten/op_launch.cpp"
 #include "../aten/fallback.cpp"
+#include "../aten/iterator_kernels.cpp"
 #include "../aten/foreach_launch.cpp"
 #include "../aten/fallback_routes.cpp"
 #include "../aten/intraop_threads.cpp"
