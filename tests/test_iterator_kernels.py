@@ -92,7 +92,7 @@ def test_an_op_on_another_npu_allocates_there_and_keeps_the_current_device():
 @pytest.mark.parametrize(("fn", "why"), [
     (lambda x, i, d: i / i, "integer true division casts to float"),
     (lambda x, i, d: x + d, "two dtypes"),
-    (lambda x, i, d: x * 0.5, "a Python number (a double CPU scalar)"),
+    (lambda x, i, d: i * 0.5, "a Python float promotes an integer tensor"),
     (lambda x, i, d: x.add_(i), "an in-place op promoting its other operand"),
 ])
 def test_calls_needing_a_cast_take_the_fallback_with_cpus_values(fn, why):
@@ -103,6 +103,29 @@ def test_calls_needing_a_cast_take_the_fallback_with_cpus_values(fn, why):
     out, runs = _runs_of(lambda: fn(x.to("npu"), i.to("npu"), d.to("npu")))
     assert runs == 0, why
     assert out.dtype == ref.dtype
+    torch.testing.assert_close(out.cpu(), ref, rtol=0, atol=0)
+
+
+@pytest.mark.parametrize(("dtype", "fn", "runs"), [
+    (torch.float32, lambda x: x * 0.1, 1),
+    (torch.float32, lambda x: x.mul_(0.1), 1),
+    (torch.float64, lambda x: x / 3, 1),
+    (torch.int32, lambda x: x + 2, 1),                     # the int64 number cast to int32, as CPU casts it
+    (torch.int64, lambda x: x.sub(torch.tensor(3)), 1),    # a 0-dim CPU tensor of the same dtype
+    (torch.complex64, lambda x: x * 0.5, 1),
+    (torch.float32, lambda x: x + torch.tensor(1.5, dtype=torch.float64), 1),  # a 0-dim double tensor
+    # CPU's fp16/bf16 kernels read a scalar operand in float from its uncast original: the fallback's case
+    (torch.bfloat16, lambda x: x * 0.1, 0),
+    (torch.float16, lambda x: x.add_(0.1), 0),
+], ids=["f32-mul", "f32-mul_", "f64-div", "i32-add", "i64-sub-0dim", "c64-mul", "f32-add-0dim-f64",
+        "bf16-mul", "f16-add_"])
+def test_cpu_scalars_are_cast_as_cpus_iterator_casts_them(dtype, fn, runs):
+    """A Python number or 0-dim CPU tensor of the result's dtype runs here after the cast CPU's iterator makes."""
+    x = (torch.randn(7) * 5).to(dtype)
+    ref = fn(x.clone())
+    out, n = _runs_of(lambda: fn(x.to("npu")))
+    assert n == runs
+    assert out.dtype == ref.dtype and out.device.type == "npu"
     torch.testing.assert_close(out.cpu(), ref, rtol=0, atol=0)
 
 

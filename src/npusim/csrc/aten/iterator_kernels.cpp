@@ -9,6 +9,7 @@
 
 #include <ATen/EmptyTensor.h>
 #include <ATen/TensorIterator.h>
+#include <ATen/ops/result_type.h>
 #include <ATen/ops/add_native.h>
 #include <ATen/ops/div_native.h>
 #include <ATen/ops/mul_native.h>
@@ -16,6 +17,7 @@
 #include <c10/core/DeviceGuard.h>
 
 #include <atomic>
+#include <utility>
 
 namespace npusim {
 
@@ -40,8 +42,10 @@ namespace npusim {
 //  - A CPU iterator casts operands of another dtype into temporaries of the
 //    common dtype; a non-CPU one does not (CUDA's kernels cast as they
 //    load). So only calls whose operands all have the common dtype run here.
-//    The others (an integer tensor divided, a Python number) take the
-//    fallback, which runs CPU's iterator over CPU aliases.
+//    A CPU scalar (a Python number) is cast to it first, as CPU's iterator
+//    would cast it, where that gives CPU's values (operand_like_self). The
+//    others (an integer tensor divided, two dtypes) take the fallback, which
+//    runs CPU's iterator over CPU aliases.
 // The rest of the fallback's host path holds here too: the op runs only when
 // compute_on_the_host_now allows it (an idle stream; no capture, profiler
 // or timing model), with its npu current and the user's intra-op threads,
@@ -110,17 +114,39 @@ class IteratorOnNpu final : public Structured {
   at::Tensor out_;
 };
 
-bool plain_pair(const at::Tensor& self, const at::Tensor& other) {
-  return self.defined() && other.defined() && self.device().type() == kNpu && self.device() == other.device() &&
-      self.scalar_type() == other.scalar_type() && !self.is_conj() && !other.is_conj() && !self.is_neg() &&
-      !other.is_neg();
+// `other` as CPU's iterator would read it, when this path serves the call
+// (undefined otherwise): an npu tensor of self's device and dtype as it is;
+// a CPU scalar (a Python number, a 0-dim CPU tensor) cast to self's dtype
+// where the op's result has that dtype, as CPU's iterator casts it. Not for
+// fp16 and bf16: their CPU kernels read a scalar from the uncast original in
+// float (TensorIteratorBase::original_scalar_value), which the cast would
+// round first.
+c10::MaybeOwned<at::Tensor> operand_like_self(const at::Tensor& self, const at::Tensor& other) {
+  const auto none = c10::MaybeOwned<at::Tensor>::owned(std::in_place);
+  if (!self.defined() || !other.defined() || self.device().type() != kNpu || self.is_conj() || self.is_neg() ||
+      other.is_conj() || other.is_neg()) {
+    return none;
+  }
+  if (other.device() == self.device()) {
+    return other.scalar_type() == self.scalar_type() ? c10::MaybeOwned<at::Tensor>::borrowed(other) : none;
+  }
+  if (!other.is_cpu() || other.dim() != 0 || c10::isReducedFloatingType(self.scalar_type()) ||
+      at::result_type(self, other) != self.scalar_type()) {
+    return none;
+  }
+  if (other.scalar_type() == self.scalar_type()) {
+    return c10::MaybeOwned<at::Tensor>::borrowed(other);
+  }
+  return c10::MaybeOwned<at::Tensor>::owned(other.to(self.scalar_type()));
 }
 
 // Runs meta, then CPU's kernel; false, before the kernel, when a cast would be needed.
 template <class Structured, class... Rest>
-bool run_on_npu(const at::Tensor* in_place, at::Tensor* result, const at::Tensor& self, const at::Tensor& other,
+bool run_on_npu(const at::Tensor* in_place, at::Tensor* result, const at::Tensor& self, const at::Tensor& given,
     const Rest&... rest) {
-  if (!plain_pair(self, other)) {
+  const c10::MaybeOwned<at::Tensor> other_ref = operand_like_self(self, given);
+  const at::Tensor& other = *other_ref;
+  if (!other.defined()) {
     return false;
   }
   follow_user_intraop_threads();  // Note [Intra-op threads of autograd's npu thread]

@@ -21,9 +21,10 @@ namespace npusim {
 // functional op's output goes to *result (an in-place op writes its first
 // argument and ignores `result`). It returns false, having allocated
 // nothing that outlives the call and written nothing, when the arguments
-// are not the plain case it serves (both npu tensors of one device and one
-// dtype, no conjugate or negative bit, and an iterator that needs no cast);
-// the caller then takes the fallback. Errors are the op's meta function's
+// are not the plain case it serves (an npu `self` and an `other` of its
+// device and dtype, or a CPU scalar of the result's dtype; no conjugate or
+// negative bit; an iterator that needs no cast); the caller then takes the
+// fallback. Errors are the op's meta function's
 // and raise as they would on CPU.
 template <class Op>
 struct IteratorKernel : std::false_type {};
