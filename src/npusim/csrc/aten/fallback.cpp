@@ -67,7 +67,10 @@ namespace npusim {
 //          static instead of std::call_once.
 // What is left over CPU: the two aliases (1.2k), the npu allocation and its
 // release (the caching allocator's lock and statistics), the result's
-// conversion (0.6k) and the stream check.
+// conversion (0.6k) and the stream check. For add, sub, mul and div the
+// host path no longer comes here at all: Note [TensorIterator kernels on
+// npu tensors] (iterator_kernels.cpp) runs CPU's kernel class on the npu
+// tensors, with no aliases and no conversion.
 
 // Note [Reused CPU aliases] is in cpu_aliases.cpp.
 
