@@ -70,11 +70,7 @@ class FallbackCall {
     follow_user_intraop_threads();  // Note [Intra-op threads of autograd's npu thread]
     const c10::DeviceIndex d = device();
     wait_current_stream_idle(d);
-    // Switch only when needed: the guard's exchange costs two device calls.
-    c10::OptionalDeviceGuard guard;
-    if (current_device() != d) {
-      guard.reset_device(c10::Device(kNpu, d));
-    }
+    const c10::OptionalDeviceGuard guard(npu_unless_current(d));
     const CpuAllocationsOnDevice on_device(d);
     if constexpr (std::is_void_v<decltype(kernel())>) {
       kernel();

@@ -150,11 +150,7 @@ bool run_on_npu(const at::Tensor* in_place, at::Tensor* result, const at::Tensor
     return false;
   }
   follow_user_intraop_threads();  // Note [Intra-op threads of autograd's npu thread]
-  const c10::DeviceIndex device = self.device().index();
-  c10::OptionalDeviceGuard guard;
-  if (current_device() != device) {
-    guard.reset_device(self.device());
-  }
+  const c10::OptionalDeviceGuard guard(npu_unless_current(self.device().index()));
   IteratorOnNpu<Structured> op(in_place);
   op.meta(self, other, rest...);
   if (!op.needs_no_cast()) {

@@ -24,8 +24,8 @@ namespace npusim {
 // are not the plain case it serves (an npu `self` and an `other` of its
 // device and dtype, or a CPU scalar of the result's dtype; no conjugate or
 // negative bit; an iterator that needs no cast); the caller then takes the
-// fallback. Errors are the op's meta function's
-// and raise as they would on CPU.
+// fallback. Errors are the op's meta function's and raise as they would on
+// CPU.
 template <class Op>
 struct IteratorKernel : std::false_type {};
 

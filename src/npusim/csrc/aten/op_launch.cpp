@@ -182,10 +182,8 @@ class BoxedLaunch {
   // Allocates the outputs, enqueues the task on `stream` and replaces the
   // arguments on `stack` with the outputs.
   void commit(const MetaPlan& plan, NpuStream& stream, torch::jit::Stack* stack, size_t first) {
-    c10::OptionalDeviceGuard guard;
-    if (current_device() != device()) {
-      guard.reset_device(c10::Device(kNpu, device()));  // outputs come from the op's device (and its graph pool)
-    }
+    // outputs come from the op's device (and its graph pool)
+    const c10::OptionalDeviceGuard guard(npu_unless_current(device()));
     follow_user_intraop_threads();  // Note [Intra-op threads of autograd's npu thread]
     auto task = std::make_shared<OpTask>(op_);
     task->name = traits_.name;

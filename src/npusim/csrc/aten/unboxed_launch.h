@@ -258,10 +258,7 @@ bool launch_unboxed(const c10::OperatorHandle& op, const char* name, const std::
     return false;
   }
   const c10::DeviceIndex device = launch.device();
-  c10::OptionalDeviceGuard guard;
-  if (current_device() != device) {
-    guard.reset_device(c10::Device(kNpu, device));
-  }
+  const c10::OptionalDeviceGuard guard(npu_unless_current(device));
   follow_user_intraop_threads();  // Note [Intra-op threads of autograd's npu thread]
   launch.begin_task(*task, *plan);
   if (!in_place) {

@@ -8,6 +8,7 @@
 #include <c10/core/Device.h>
 
 #include <cstdint>
+#include <optional>
 
 namespace npusim {
 
@@ -16,6 +17,12 @@ int device_count();
 void set_device_count(int count);
 c10::DeviceIndex current_device();
 void set_current_device(c10::DeviceIndex index);
+// npu `index` when it is not this thread's current device, else nothing: for
+// a c10::OptionalDeviceGuard that switches only when needed (the guard's
+// exchange costs two device calls).
+inline std::optional<c10::Device> npu_unless_current(c10::DeviceIndex index) {
+  return current_device() == index ? std::nullopt : std::optional<c10::Device>(c10::Device(kNpu, index));
+}
 // Also raises in a child forked after the npu was used (Note [Fork after npu use]).
 void check_device_index(int64_t index, const char* op);
 // True in a child process forked after the parent used the npu.
