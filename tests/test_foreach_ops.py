@@ -187,3 +187,63 @@ def test_foreach_adamw_step_is_cpus_bit_for_bit():
             opt.step()
     for p, q in zip(cpu_params, npu_params, strict=True):
         assert torch.equal(p.detach(), q.detach().cpu())
+
+
+UNARY_FOREACH_OPS = [op for op in foreach_unary_op_db if op.op is not None and op.name != "_foreach_zero"]
+
+
+def _has_unary_out(op: Any) -> bool:
+    """Whether aten::X.out(Tensor self, *, Tensor(a!) out) exists for _foreach_X."""
+    packet = getattr(torch.ops.aten, op.name.removeprefix("_foreach_"), None)
+    return packet is not None and "out" in packet.overloads() and len(packet.out._schema.arguments) == 2
+
+
+@pytest.mark.parametrize("dtype", [torch.float64, torch.float16, torch.bfloat16, torch.complex64, torch.int64],
+                         ids=str)
+def test_a_unary_foreach_op_computes_into_its_outputs_with_cpus_values(dtype):
+    """Each unary foreach OpInfo in `dtype` (contiguous and transposed tensors, on a busy stream): a call
+    whose results keep their inputs' dtype runs the per-tensor out= op into the outputs allocated at
+    launch (Note [A foreach op's results in place]), one task each; a call that changes the dtype (sqrt of
+    integers) takes the composite; both give CPU's values, dtypes and shapes."""
+    in_place = 0 if npusim.config.launch_blocking() else 1  # launch blocking: the host runs the call itself
+    checked = converted = in_place_ops = 0
+    for op in UNARY_FOREACH_OPS:
+        if dtype not in op.supported_dtypes("cpu"):
+            continue
+        for sample in op.sample_inputs("cpu", dtype, num_input_tensors=[3]):
+            for layout, inputs in (("contiguous", sample.input),
+                                   ("transposed", [t.t() if t.dim() == 2 else t for t in sample.input])):
+                try:
+                    cpu_out = op.op(inputs)
+                except RuntimeError:
+                    continue  # an op CPU refuses in this dtype
+                npu_inputs = [t.to("npu") for t in inputs]
+                _hold_stream()
+                runs = acl.foreach_results_in_place_runs()
+                npu_out = op.op(npu_inputs)
+                torch.npu.synchronize()
+                what = f"{op.name} {dtype} {layout}"
+                same_dtype = all(c.dtype == t.dtype for c, t in zip(cpu_out, inputs, strict=True))
+                expected = in_place if same_dtype and _has_unary_out(op) else 0
+                assert acl.foreach_results_in_place_runs() - runs == expected, what
+                _assert_same(npu_out, cpu_out, what)
+                checked += 1
+                converted += not same_dtype
+                in_place_ops += expected
+    assert checked > 0 and (in_place_ops > 0 or not in_place)
+    if dtype == torch.int64:
+        assert converted > 0  # sqrt, exp, ... of integers give floats: the composite route was checked too
+
+
+def test_a_foreach_sqrt_task_reads_inputs_as_they_were_at_launch():
+    """The per-tensor route reads the launch's snapshot: inputs resized or overwritten by the host after the
+    call (in stream order) do not change the results."""
+    src = [torch.arange(1, 9, dtype=torch.float32, device="npu") for _ in range(2)]
+    _hold_stream()
+    out = torch._foreach_sqrt(src)
+    for t in src:
+        t.fill_(4.0)  # stream-ordered after the sqrt
+    torch.npu.synchronize()
+    expected = torch.arange(1, 9, dtype=torch.float32).sqrt()
+    assert all(torch.equal(o.cpu(), expected) for o in out)
+    assert all(torch.equal(t.cpu(), torch.full((8,), 4.0)) for t in src)

@@ -197,6 +197,9 @@ foreach_copy_route_counts: Callable[[], dict[str, int]] = C.foreach_copy_route_c
 # Calls the host ran with CPU's TensorIterator kernel on the npu tensors themselves (add, sub, mul,
 # div; Note [TensorIterator kernels on npu tensors], csrc/aten/iterator_kernels.cpp).
 iterator_kernel_runs: Callable[[], int] = C.iterator_kernel_runs
+# Tasks that ran a unary foreach op per tensor into the outputs the host allocated (Note [A foreach op's
+# results in place], csrc/aten/op_task.cpp).
+foreach_results_in_place_runs: Callable[[], int] = C.foreach_results_in_place_runs
 
 
 # ---- observers (npusim.sanitizer; torch.profiler needs none: csrc/runtime/device_profiler.cpp)

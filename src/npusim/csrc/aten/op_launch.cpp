@@ -229,6 +229,9 @@ class BoxedLaunch {
       }
     }
     task->args = std::move(slots_);
+    if (traits_.foreach_unary_out != nullptr && results_in_place(*task)) {
+      task->per_tensor_out = traits_.foreach_unary_out;  // Note [A foreach op's results in place]
+    }
     // A pure view (nothing written, every output an argument's storage)
     // needs no task; an op without outputs runs for its effect (an assert).
     if (args_.written() || !task->fresh.empty() || plan.outputs.empty()) {
@@ -244,6 +247,24 @@ class BoxedLaunch {
   }
 
  private:
+  // Whether the outputs of a unary foreach op's task are its fresh
+  // results, one per input and in order, each of its input's dtype.
+  static bool results_in_place(const OpTask& task) {
+    const ArgSlot& inputs = task.args[0];
+    if (inputs.kind != ArgSlot::Kind::kTensorList || task.fresh.size() != inputs.refs.size()) {
+      return false;
+    }
+    for (size_t i = 0; i < task.fresh.size(); ++i) {
+      const FreshOutput& f = task.fresh[i];
+      const int32_t in = inputs.refs[i];
+      if (f.ret != 0 || f.elem != static_cast<int32_t>(i) || in < 0 ||
+          task.tensors[static_cast<size_t>(in)].dtype != task.tensors[static_cast<size_t>(f.snapshot)].dtype) {
+        return false;
+      }
+    }
+    return true;
+  }
+
   void add_argument(const c10::IValue& v, ArgUse use, bool generator) {
     MetaKey& key = args_.key();
     ArgSlot slot;

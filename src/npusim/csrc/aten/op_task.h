@@ -95,11 +95,20 @@ class OpTask : public TaskTensors {
   // Captured: the generator arguments, CPU generators seeded from these
   // states each time the task runs (a replay draws fresh numbers).
   std::vector<std::pair<uint32_t, PhiloxState>> generators;
+  // A unary foreach op's per-tensor out= op (OpTraits::foreach_unary_out),
+  // when its outputs are fresh and of their inputs' dtypes: the task runs it
+  // per tensor into those outputs instead of the op (Note [A foreach op's
+  // results in place]).
+  const c10::OperatorHandle* per_tensor_out = nullptr;
 
   explicit OpTask(const c10::OperatorHandle& handle) : op(handle) {}
 
   // Runs the CPU kernel; may run again (a graph's replay).
   void run() const;
 };
+
+// How many tasks have run a unary foreach op per tensor into its outputs
+// since the process started (for tests: Note [A foreach op's results in place]).
+int64_t foreach_results_in_place_runs();
 
 }  // namespace npusim

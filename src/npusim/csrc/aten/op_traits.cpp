@@ -8,6 +8,7 @@
 
 #include <memory>
 #include <mutex>
+#include <optional>
 #include <string_view>
 #include <string>
 #include <unordered_map>
@@ -75,6 +76,34 @@ constexpr NormStats kCpuNormStats[] = {
     {"aten::_native_batch_norm_legit_functional", 1},
 };
 
+// _foreach_X(Tensor[] self) -> Tensor[] and aten::X.out(Tensor self, *,
+// Tensor(a!) out): the per-tensor op of a unary foreach op, as its CPU
+// composite calls it (at::X per tensor), writing into a given output.
+std::optional<c10::OperatorHandle> find_foreach_unary_out(const c10::FunctionSchema& schema) {
+  constexpr std::string_view kForeach = "aten::_foreach_";
+  const c10::OperatorName& name = schema.operator_name();
+  auto is_tensor_list = [](const c10::TypePtr& type) {
+    return type->kind() == c10::TypeKind::ListType &&
+        type->castRaw<c10::ListType>()->getElementType()->kind() == c10::TypeKind::TensorType;
+  };
+  if (name.name.rfind(kForeach, 0) != 0 || !name.overload_name.empty() || schema.arguments().size() != 1 ||
+      schema.returns().size() != 1 || !is_tensor_list(schema.arguments()[0].type()) ||
+      !is_tensor_list(schema.returns()[0].type())) {
+    return std::nullopt;
+  }
+  auto out = c10::Dispatcher::singleton().findSchema({"aten::" + name.name.substr(kForeach.size()), "out"});
+  if (!out.has_value()) {
+    return std::nullopt;
+  }
+  const c10::FunctionSchema& per_tensor = out->schema();
+  const auto& args = per_tensor.arguments();
+  if (args.size() != 2 || args[0].type()->kind() != c10::TypeKind::TensorType || !args[1].is_out() ||
+      args[1].type()->kind() != c10::TypeKind::TensorType) {
+    return std::nullopt;
+  }
+  return out;
+}
+
 std::unique_ptr<OpTraits> make_traits(const c10::OperatorHandle& op) {
   auto traits = std::make_unique<OpTraits>();
   const c10::FunctionSchema& schema = op.schema();
@@ -93,6 +122,9 @@ std::unique_ptr<OpTraits> make_traits(const c10::OperatorHandle& op) {
   }
   traits->pointwise = is_pointwise(op);
   traits->floating_scalars_by_kind = traits->pointwise && name.name.rfind("aten::_foreach_", 0) == 0;
+  if (auto out = find_foreach_unary_out(schema)) {
+    traits->foreach_unary_out = new c10::OperatorHandle(*out);  // leaked, as the traits are
+  }
   if (!returns_only_tensors(schema)) {
     traits->host_only = "returns a host value computed from device data";
   } else if (cpu_kernel_is_python(op)) {

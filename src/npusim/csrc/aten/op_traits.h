@@ -33,6 +33,11 @@ struct OpTraits {
   // corrections change every step), so the cache of output metadata keys
   // them by kind (Note [Cached output metadata]).
   bool floating_scalars_by_kind = false;
+  // A unary foreach op, _foreach_X(Tensor[] self) -> Tensor[]: aten::X.out,
+  // which its task runs per tensor into the outputs the host allocated
+  // (Note [A foreach op's results in place]); null otherwise. Lives as long
+  // as the traits.
+  const c10::OperatorHandle* foreach_unary_out = nullptr;
   // Per schema argument: how the op uses it, and whether it is a Generator?.
   c10::SmallVector<ArgUse, 8> uses;
   c10::SmallVector<bool, 8> generator;

@@ -11,6 +11,7 @@
 #include "../aten/intraop_threads.h"
 #include "../aten/ipc.h"
 #include "../aten/iterator_kernels.h"
+#include "../aten/op_task.h"
 #include "../aten/meta_cache.h"
 #include "../aten/op_launch.h"
 #include "../aten/primitives.h"
@@ -136,6 +137,7 @@ void init_ops_bindings(py::module& m) {
   });
   m.def("foreach_copy_traced", &npusim::foreach_copy_traced);
   m.def("iterator_kernel_runs", &npusim::iterator_kernel_runs);
+  m.def("foreach_results_in_place_runs", &npusim::foreach_results_in_place_runs);
   m.def("foreach_copy_route_counts", [] {
     const std::vector<int64_t> counts = npusim::foreach_copy_route_counts();
     py::dict d;
