@@ -5,6 +5,7 @@
 #include "../runtime/device_allocator.h"
 #include "../runtime/event.h"
 #include "../runtime/stream.h"
+#include "../runtime/subnormals.h"
 #include "../runtime/timing.h"
 #include "host_transfer.h"
 
@@ -123,6 +124,7 @@ bool copy_on_the_host_now(const NpuStream& stream, size_t nbytes) {
 // The copy a task would have made, made now by the caller; a failure names the
 // op and the stream as the task's would, but raises at the call.
 void copy_now(const NpuStream& stream, const char* op, const at::Tensor& dst, const at::Tensor& src) {
+  const KeepSubnormals keep_subnormals;  // a converting copy is a device kernel: Note [Subnormals on npu]
   try {
     host_copy(dst, src);
   } catch (const c10::Error& e) {

@@ -9,6 +9,7 @@
 #include "op_arguments.h"
 #include "../runtime/cpu_allocator.h"
 #include "../runtime/stream.h"
+#include "../runtime/subnormals.h"
 
 #include <ATen/core/Tensor.h>
 #include <ATen/core/dispatch/Dispatcher.h>
@@ -72,6 +73,7 @@ class FallbackCall {
     wait_current_stream_idle(d);
     const c10::OptionalDeviceGuard guard(npu_unless_current(d));
     const CpuAllocationsOnDevice on_device(d);
+    const KeepSubnormals keep_subnormals(flush_denormal_bits() != 0 && !converts_to_a_host_value());
     if constexpr (std::is_void_v<decltype(kernel())>) {
       kernel();
       propagate_resizes();
@@ -88,6 +90,13 @@ class FallbackCall {
   c10::IValue from_cpu(const c10::IValue& v);
 
  private:
+  // _local_scalar_dense (.item()): its conversion of a device value to a
+  // host number follows the host's subnormal setting, as on CUDA, where the
+  // host converts the copied value (Note [Subnormals on npu]).
+  bool converts_to_a_host_value() const {
+    return op_.operator_name().name == "aten::_local_scalar_dense";
+  }
+
   struct StorageEntry {
     c10::StorageImpl* device;  // kept alive by the caller or originals_
     c10::Storage cpu;

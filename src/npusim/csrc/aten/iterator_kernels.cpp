@@ -6,6 +6,7 @@
 #include "../runtime/device.h"
 #include "../runtime/npu_type.h"
 #include "../runtime/device_allocator.h"
+#include "../runtime/subnormals.h"
 
 #include <ATen/EmptyTensor.h>
 #include <ATen/TensorIterator.h>
@@ -157,7 +158,10 @@ bool run_on_npu(const at::Tensor* in_place, at::Tensor* result, const at::Tensor
     return false;
   }
   op.dispatch_as_cpu();
-  op.impl(self, other, rest..., op.maybe_get_output(0));
+  {
+    const KeepSubnormals keep_subnormals;  // Note [Subnormals on npu]
+    op.impl(self, other, rest..., op.maybe_get_output(0));
+  }
   if (in_place == nullptr) {
     *result = op.take_output();
   }

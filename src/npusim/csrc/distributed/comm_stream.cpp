@@ -2,6 +2,7 @@
 
 #include "../runtime/host_wait.h"
 #include "../runtime/stream.h"
+#include "../runtime/subnormals.h"
 #include "core_api_client.h"
 
 #include <c10/util/Exception.h>
@@ -111,7 +112,10 @@ void CommStream::State::start(bool& running, void (State::*loop)()) {
   // Caller holds `mutex`. Threads hold the state and are never joined.
   if (!running) {
     running = true;
-    std::thread([self = shared_from_this(), loop] { ((*self).*loop)(); }).detach();
+    std::thread([self = shared_from_this(), loop] {
+      set_flush_denormal_bits(0);  // Note [Subnormals on npu]
+      ((*self).*loop)();
+    }).detach();
   }
 }
 
@@ -313,7 +317,10 @@ CommStream::CommStream() : state_(std::make_shared<State>()) {
     std::erase_if(g_states, [](const auto& weak) { return weak.expired(); });
     g_states.push_back(state_);
   }
-  std::thread([state = state_] { state->run(); }).detach();
+  std::thread([state = state_] {
+    set_flush_denormal_bits(0);  // Note [Subnormals on npu]
+    state->run();
+  }).detach();
 }
 
 CommStream::~CommStream() {

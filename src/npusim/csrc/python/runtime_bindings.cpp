@@ -8,6 +8,7 @@
 #include "../runtime/host_allocator.h"
 #include "../runtime/host_wait.h"
 #include "../runtime/stream.h"
+#include "../runtime/subnormals.h"
 #include "../runtime/timing.h"
 #include "../runtime/trace.h"
 #include "../aten/host_transfer.h"
@@ -189,6 +190,7 @@ void init_runtime_bindings(py::module& m) {
       const py::gil_scoped_release release;  // stream workers may need the GIL to finish
       s.synchronize();
     }
+    const npusim::KeepSubnormals keep_subnormals;  // a device kernel: Note [Subnormals on npu]
     fn(*args);
   });
 

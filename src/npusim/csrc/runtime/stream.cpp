@@ -1,6 +1,7 @@
 #include "stream.h"
 
 #include "host_wait.h"
+#include "subnormals.h"
 
 #include <c10/util/Exception.h>
 #include <c10/util/StringUtil.h>
@@ -261,6 +262,7 @@ void NpuStream::task_done() {
 void NpuStream::run() {
   enter_stream_worker(device_);
   name_thread(c10::str("npu", static_cast<int>(device_), " stream ", id_));
+  set_flush_denormal_bits(0);  // not its creator's: Note [Subnormals on npu]
   uint64_t popped = 0;
   for (;;) {
     Task task;
