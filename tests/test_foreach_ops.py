@@ -203,8 +203,8 @@ def _has_unary_out(op: Any) -> bool:
 def test_a_unary_foreach_op_computes_into_its_outputs_with_cpus_values(dtype):
     """Each unary foreach OpInfo in `dtype` (contiguous and transposed tensors, on a busy stream): a call
     whose results keep their inputs' dtype runs the per-tensor out= op into the outputs allocated at
-    launch (Note [A foreach op's results in place]), one task each; a call that changes the dtype (sqrt of
-    integers) takes the composite; both give CPU's values, dtypes and shapes."""
+    launch (Note [A foreach op's results in place]; the route's counter moves once per call); a call that
+    changes the dtype (sqrt of integers) takes the composite; both give CPU's values, dtypes and shapes."""
     in_place = 0 if npusim.config.launch_blocking() else 1  # launch blocking: the host runs the call itself
     checked = converted = in_place_ops = 0
     for op in UNARY_FOREACH_OPS:

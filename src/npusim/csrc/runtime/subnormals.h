@@ -19,8 +19,10 @@
 // _local_scalar_dense) stays the host's, under the user's setting, as on
 // CUDA, where it happens on the host after the copy. A host run's OpenMP
 // team threads keep the bits they started with (PyTorch's own setting never
-// reaches them either); host runs are small kernels, below the grain at
-// which CPU kernels split their work, except under launch blocking.
+// reaches them either). Most host runs are small (an op on an idle stream:
+// up to 16,384 elements), below the grain at which CPU kernels split their
+// work; an op that must run on the host (a data-dependent shape) and every
+// op under launch blocking may be larger.
 #pragma once
 
 #include <cstdint>
