@@ -236,8 +236,8 @@ def test_a_unary_foreach_op_computes_into_its_outputs_with_cpus_values(dtype):
 
 
 def test_a_foreach_sqrt_task_reads_inputs_as_they_were_at_launch():
-    """The per-tensor route reads the launch's snapshot: inputs resized or overwritten by the host after the
-    call (in stream order) do not change the results."""
+    """The per-tensor route reads the inputs in stream order: inputs the host overwrites after the call do not
+    change the results."""
     src = [torch.arange(1, 9, dtype=torch.float32, device="npu") for _ in range(2)]
     _hold_stream()
     out = torch._foreach_sqrt(src)
