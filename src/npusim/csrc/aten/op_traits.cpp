@@ -76,22 +76,32 @@ constexpr NormStats kCpuNormStats[] = {
     {"aten::_native_batch_norm_legit_functional", 1},
 };
 
+// "aten::X" for a foreach op "aten::_foreach_X" (the op its CPU composite
+// runs per tensor, up to the overload); nullopt for any other op.
+std::optional<std::string> foreach_per_tensor_name(const std::string& name) {
+  constexpr std::string_view kForeach = "aten::_foreach_";
+  if (name.rfind(kForeach, 0) != 0) {
+    return std::nullopt;
+  }
+  return "aten::" + name.substr(kForeach.size());
+}
+
 // _foreach_X(Tensor[] self) -> Tensor[] and aten::X.out(Tensor self, *,
 // Tensor(a!) out): the per-tensor op of a unary foreach op, as its CPU
 // composite calls it (at::X per tensor), writing into a given output.
 std::optional<c10::OperatorHandle> find_foreach_unary_out(const c10::FunctionSchema& schema) {
-  constexpr std::string_view kForeach = "aten::_foreach_";
   const c10::OperatorName& name = schema.operator_name();
+  const std::optional<std::string> per_tensor_name = foreach_per_tensor_name(name.name);
   auto is_tensor_list = [](const c10::TypePtr& type) {
     return type->kind() == c10::TypeKind::ListType &&
         type->castRaw<c10::ListType>()->getElementType()->kind() == c10::TypeKind::TensorType;
   };
-  if (name.name.rfind(kForeach, 0) != 0 || !name.overload_name.empty() || schema.arguments().size() != 1 ||
+  if (!per_tensor_name.has_value() || !name.overload_name.empty() || schema.arguments().size() != 1 ||
       schema.returns().size() != 1 || !is_tensor_list(schema.arguments()[0].type()) ||
       !is_tensor_list(schema.returns()[0].type())) {
     return std::nullopt;
   }
-  auto out = c10::Dispatcher::singleton().findSchema({"aten::" + name.name.substr(kForeach.size()), "out"});
+  auto out = c10::Dispatcher::singleton().findSchema({*per_tensor_name, "out"});
   if (!out.has_value()) {
     return std::nullopt;
   }
@@ -121,7 +131,7 @@ std::unique_ptr<OpTraits> make_traits(const c10::OperatorHandle& op) {
     }
   }
   traits->pointwise = is_pointwise(op);
-  traits->floating_scalars_by_kind = traits->pointwise && name.name.rfind("aten::_foreach_", 0) == 0;
+  traits->floating_scalars_by_kind = traits->pointwise && foreach_per_tensor_name(name.name).has_value();
   if (auto out = find_foreach_unary_out(schema)) {
     traits->foreach_unary_out = new c10::OperatorHandle(*out);  // leaked, as the traits are
   }
@@ -142,11 +152,11 @@ bool is_pointwise(const c10::OperatorHandle& op) {
   // aten::_foreach_lerp_.Scalar runs aten::lerp_ per tensor: pointwise when
   // that op is (so _foreach_norm and _foreach_max are not).
   const c10::OperatorName& name = op.schema().operator_name();
-  constexpr std::string_view kForeach = "aten::_foreach_";
-  if (name.name.rfind(kForeach, 0) != 0) {
+  const std::optional<std::string> per_tensor_name = foreach_per_tensor_name(name.name);
+  if (!per_tensor_name.has_value()) {
     return false;
   }
-  const std::string base = "aten::" + name.name.substr(kForeach.size());
+  const std::string& base = *per_tensor_name;
   for (const std::string& candidate : {base, base.back() == '_' ? base.substr(0, base.size() - 1) : base + "_"}) {
     for (const char* overload : {"", "Tensor", "Scalar", "default"}) {
       const auto handle = c10::Dispatcher::singleton().findSchema({candidate, overload});
