@@ -101,3 +101,74 @@ def test_bench_fsdp_copy_in_on_two_ranks_has_png_and_json(tmp_path, capsys):
     assert [(r["param dtype"], r["config"]) for r in raw["rows"]] == [
         (d, c) for d in ("fp32", "bf16") for c in ("aligned", "legacy", "legacy + patch")]
     assert all(len(rank["fp32|aligned"]) == 2 for rank in raw["ranks"])
+
+
+def test_sim_cost_times_the_same_steps_on_both_devices(monkeypatch):
+    """Each training row asks npu's and CPU's processes for the same untimed and timed step counts, and
+    --min-run-time scales the number of processes, never the steps (Note [The same steps on both devices])."""
+    import torch
+
+    from npusim.bench import sim_cost
+
+    calls: list[tuple[str, int, str, int, int]] = []
+
+    def fake_process(step, device, threads, untimed, timed):
+        calls.append((step, threads, device, untimed, timed))
+        return [1e-3 if device == "npu" else 2e-3] * timed
+
+    monkeypatch.setattr(sim_cost, "_steps_in_a_fresh_process", fake_process)
+    for min_run_time, rounds in ((1.0, 3), (2.0, 6)):
+        calls.clear()
+        rows, _ = sim_cost._train_rows(min_run_time)
+        assert len(rows) == len(sim_cost._STEPS) and all(r.ratio == pytest.approx(0.5) for r in rows)
+        assert len(calls) == 2 * rounds * len(sim_cost._STEPS)
+        for row in sim_cost._STEPS:
+            key = (row.step, row.threads or torch.get_num_threads(), row.untimed, row.timed)
+            asked = [(d, u, t) for s, n, d, u, t in calls if (s, n, u, t) == key]
+            assert sorted(asked) == sorted([("cpu", row.untimed, row.timed), ("npu", row.untimed, row.timed)] * rounds)
+
+
+def test_sim_cost_mlp_rows_sit_either_side_of_the_subnormal_onset(monkeypatch):
+    """The dispatch-bound MLP row ends before AdamW's state holds any subnormal float, and the late row
+    starts after they have appeared (the reason for the two windows)."""
+    import torch
+
+    from npusim.bench import sim_cost
+
+    optimizers: list[torch.optim.AdamW] = []
+
+    class RecordingAdamW(torch.optim.AdamW):
+        def __init__(self, *args, **kwargs):
+            super().__init__(*args, **kwargs)
+            optimizers.append(self)
+
+    monkeypatch.setattr(torch.optim, "AdamW", RecordingAdamW)
+    early, late = (r for r in sim_cost._STEPS if r.step == "mlp")
+    step = sim_cost._STEP_FNS["mlp"]("cpu")
+    (opt,) = optimizers
+
+    def subnormals() -> int:
+        tiny = torch.finfo(torch.float32).tiny
+        return sum(int(((v.abs() > 0) & (v.abs() < tiny)).sum())
+                   for state in opt.state.values() for v in (state["exp_avg"], state["exp_avg_sq"]))
+
+    for _ in range(early.untimed + early.timed):
+        step()
+    assert subnormals() == 0
+    for _ in range(late.untimed - early.untimed - early.timed):
+        step()
+    assert subnormals() > 1000
+
+
+def test_sim_cost_steps_of_process_returns_the_timed_steps():
+    """`python -m npusim.bench.sim_cost --steps-of` prints one time per timed step, and says how to call it
+    when the arguments are wrong."""
+    import subprocess
+
+    from npusim.bench import sim_cost
+
+    times = sim_cost._steps_in_a_fresh_process("mlp", "npu", 1, 2, 3)
+    assert len(times) == 3 and all(t > 0 for t in times)
+    out = subprocess.run([sys.executable, "-m", "npusim.bench.sim_cost", "--steps-of", "mlp", "npu", "1", "2"],
+                         capture_output=True, text=True, timeout=120)
+    assert out.returncode != 0 and "usage: python -m npusim.bench.sim_cost --steps-of" in out.stderr

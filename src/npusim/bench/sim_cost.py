@@ -11,9 +11,11 @@ table (docs/BENCHMARKS.md), with ``torch.utils.benchmark`` (warm-up,
 - the per-op cost of ``a.add(b)`` on 64 floats;
 - a training step of the demo model (TinyTransformer, dim 64) with the
   default number of threads and with one, and a dispatch-bound step (a small
-  MLP on a batch of 8), each device timed in fresh processes of its own, npu
-  and CPU processes taking turns (Note [Each device in a process of its
-  own]); the medians become Measurements for Compare;
+  MLP on a batch of 8) before and after its subnormal onset, each device
+  timed in fresh processes of its own, npu and CPU processes taking turns
+  (Note [Each device in a process of its own]), over the same steps (Note
+  [The same steps on both devices]); the medians become Measurements for
+  Compare;
 - the first ``import npusim`` and the first process group of a fresh process.
 
 The FSDP2 step (npu+hccl vs CPU+gloo) has its own benchmark, ``bench fsdp-step``.
@@ -133,17 +135,50 @@ def _mlp_step_fn(device: str) -> Callable[[], float]:
 # The steps by name, for the processes that time one device each.
 _STEP_FNS: dict[str, Callable[[str], Callable[[], float]]] = {"demo": _demo_step_fn, "mlp": _mlp_step_fn}
 
-# (row name, sub-label, step, threads: None for the default count, goal)
+class TrainRow(NamedTuple):
+    what: str
+    sub: str
+    step: str  # a key of _STEP_FNS
+    threads: int | None  # None: the default count
+    untimed: int  # steps a process runs before it times any
+    timed: int  # steps it times: the same step numbers on both devices (Note [The same steps on both devices])
+    goal: float
+
+
 _STEPS = (
-    ("demo model training step", "TinyTransformer dim 64", "demo", None, 1.0),
-    ("demo model training step", "TinyTransformer dim 64", "demo", 1, 1.1),
-    ("dispatch-bound training step", "MLP 3x256, batch 8", "mlp", None, 0.9),
+    TrainRow("demo model training step", "TinyTransformer dim 64", "demo", None, 75, 100, 1.0),
+    TrainRow("demo model training step", "TinyTransformer dim 64", "demo", 1, 75, 100, 1.1),
+    TrainRow("dispatch-bound training step", "MLP 3x256, batch 8, steps 250-599", "mlp", None, 250, 350, 0.9),
+    TrainRow("the same MLP past its subnormal onset", "MLP 3x256, batch 8, steps 800-1099", "mlp", None, 800, 300,
+             1.0),
 )
 
-# Processes per device and row; npu and CPU processes take turns.
+# Processes per device and row at the default --min-run-time; npu and CPU processes take turns.
 _ROUNDS = 3
-# Untimed steps a process runs first (first-call paths, the allocators' caches, threads settling).
-_WARM_UP_S = 0.3
+
+
+# Note [The same steps on both devices]
+# A training step's cost is not a constant of the model: it moves with the
+# values the training reaches. The dispatch-bound MLP step costs 0.7-0.8 ms on
+# both devices until about step 700 and 1.0-1.1 ms after it (in every process,
+# npu and CPU alike, since the values are bit for bit the same): dead ReLU
+# units get zero gradients on the benchmark's one batch, so
+# AdamW's exp_avg for them decays geometrically into subnormal floats, and
+# lerp_ and addcdiv_ over subnormals take several times longer on x86. Up to
+# stop 35 each process ran 0.3 s of untimed steps and then timed steps for a
+# set time, so the faster device reached further into the training: npu's
+# window was about steps 270-810, CPU's about 330-750: 16% of npu's timed
+# steps came from the slow regime against 6% of CPU's, and the row compared
+# different work (six processes each on the 2-core VM, stop 37: npu/CPU 0.90
+# over the old windows, 0.87 over steps 250-599 of the same runs). The first
+# subnormal appears at about step 650 and by step 800 they hold a sixth of the
+# second layer's exp_avg (test_bench_sim_cost checks both ends). Each process now runs a set number of untimed steps and
+# times a set number, the same on both devices, so both time the same steps
+# of the same training. The MLP has two rows: steps 250-599, the
+# dispatch-bound regime the row is named for, and steps 800-1099, where
+# subnormal arithmetic bounds the step; there npu runs AdamW's kernels on its
+# stream worker's one core while CPU runs them on its team, and the row shows
+# what that costs.
 
 
 # Note [Each device in a process of its own]
@@ -165,24 +200,21 @@ _WARM_UP_S = 0.3
 # there) but never touches an npu, so no stream worker starts in it.
 
 
-def steps_in_this_process(step: str, device: str, threads: int, seconds: float) -> list[float]:
-    """Seconds per training step of ``step`` on ``device`` with ``threads`` threads, timed for about
-    ``seconds`` after _WARM_UP_S of untimed steps, in this process."""
+def steps_in_this_process(step: str, device: str, threads: int, untimed: int, timed: int) -> list[float]:
+    """Seconds per training step of ``step`` on ``device`` with ``threads`` threads: ``untimed`` steps first
+    (first-call paths, the allocators' caches, threads settling), then ``timed`` steps each timed, in this
+    process."""
     torch.set_num_threads(threads)
     fn = _STEP_FNS[step](device)
-    timer = timeit.Timer(fn)
-    deadline = time.perf_counter() + _WARM_UP_S
-    while time.perf_counter() < deadline:
+    for _ in range(untimed):
         fn()
-    times: list[float] = []
-    deadline = time.perf_counter() + seconds
-    while time.perf_counter() < deadline or len(times) < 10:
-        times.append(timer.timeit(1))
-    return times
+    timer = timeit.Timer(fn)
+    return [timer.timeit(1) for _ in range(timed)]
 
 
-def _steps_in_a_fresh_process(step: str, device: str, threads: int, seconds: float) -> list[float]:
-    command = [sys.executable, "-m", "npusim.bench.sim_cost", "--steps-of", step, device, str(threads), str(seconds)]
+def _steps_in_a_fresh_process(step: str, device: str, threads: int, untimed: int, timed: int) -> list[float]:
+    command = [sys.executable, "-m", "npusim.bench.sim_cost", "--steps-of", step, device, str(threads),
+               str(untimed), str(timed)]
     out = subprocess.run(command, capture_output=True, text=True, timeout=600, check=False)
     if out.returncode != 0:
         raise RuntimeError(f"bench sim-cost: the {device} process timing the {step} step exited with "
@@ -192,20 +224,25 @@ def _steps_in_a_fresh_process(step: str, device: str, threads: int, seconds: flo
 
 def _train_rows(min_run_time: float) -> tuple[list[Row], list[benchmark.Measurement]]:
     """Training steps on npu and CPU, each device in processes of its own taking turns (Note [Each device
-    in a process of its own]); the medians over all its processes become a device's Measurement."""
+    in a process of its own]), each timing the same steps (Note [The same steps on both devices]); the
+    medians over all its processes become a device's Measurement. ``min_run_time`` scales the number of
+    processes, not the steps, which would move the window."""
     rows, measurements = [], []
     default_threads = torch.get_num_threads()
-    for what, sub, step, threads, goal in _STEPS:
-        threads = threads or default_threads
+    rounds = max(1, round(_ROUNDS * min_run_time))
+    for row in _STEPS:
+        threads = row.threads or default_threads
         times: dict[str, list[float]] = {"npu": [], "CPU": []}
-        for i in range(_ROUNDS):
+        for i in range(rounds):
             for device in ("npu", "CPU") if i % 2 == 0 else ("CPU", "npu"):
-                print(f"      {step} step, {threads} thread(s), {device} process {i + 1} of {_ROUNDS}", flush=True)
-                times[device] += _steps_in_a_fresh_process(step, device.lower(), threads, min_run_time / _ROUNDS)
-        sub_label = f"{sub}, {threads} thread(s)"
-        npu, cpu = (report.measurement(times[d], label=what, sub_label=sub_label, description=d,
+                print(f"      {row.step} step, {threads} thread(s), steps {row.untimed}-{row.untimed + row.timed - 1}, "
+                      f"{device} process {i + 1} of {rounds}", flush=True)
+                times[device] += _steps_in_a_fresh_process(row.step, device.lower(), threads, row.untimed, row.timed)
+        sub_label = f"{row.sub}, {threads} thread(s)"
+        npu, cpu = (report.measurement(times[d], label=row.what, sub_label=sub_label, description=d,
                                        num_threads=threads) for d in ("npu", "CPU"))
-        rows.append(Row(f"{what}, {sub}, {threads} thread(s)", npu.median * 1e3, cpu.median * 1e3, "ms", goal))
+        rows.append(Row(f"{row.what}, {row.sub}, {threads} thread(s)", npu.median * 1e3, cpu.median * 1e3, "ms",
+                        row.goal))
         measurements += [npu, cpu]
     return rows, measurements
 
@@ -262,9 +299,10 @@ def run(args: argparse.Namespace) -> int:
         print(f"      (fresh process took {time.perf_counter() - begin:.1f} s)")
     progress(total, total, "done")
     compare(measurements)
-    print(f"\n{'what':<52}{'npu':>10}{'cpu':>10}  unit{'npu/cpu':>9}{'goal':>7}")
+    width = max(len(r.what) for r in rows) + 2
+    print(f"\n{'what':<{width}}{'npu':>10}{'cpu':>10}  unit{'npu/cpu':>9}{'goal':>7}")
     for r in rows:
-        print(f"{r.what:<52}{r.npu:>10.2f}{r.cpu:>10.2f}  {r.unit:<4}{r.ratio:>9.2f}{'<=' + str(r.goal):>7}")
+        print(f"{r.what:<{width}}{r.npu:>10.2f}{r.cpu:>10.2f}  {r.unit:<4}{r.ratio:>9.2f}{'<=' + str(r.goal):>7}")
     if startup is not None:
         print(f"\nfresh process: import torch {startup[0]:.2f} s, then import npusim {startup[1]:.2f} s (goal <= 2), "
               f"first process group + all_reduce {startup[2]:.2f} s (goal <= 2)")
@@ -293,7 +331,7 @@ def _plot(rows: list[Row], path: Path) -> None:
 
 
 # `-m` imports the npusim package first, which registers the npu device.
-if __name__ == "__main__":  # `--steps-of STEP DEVICE THREADS SECONDS`: one device's steps, for _train_rows
-    if len(sys.argv) != 6 or sys.argv[1] != "--steps-of":
-        raise SystemExit("usage: python -m npusim.bench.sim_cost --steps-of STEP DEVICE THREADS SECONDS")
-    print(json.dumps(steps_in_this_process(sys.argv[2], sys.argv[3], int(sys.argv[4]), float(sys.argv[5]))))
+if __name__ == "__main__":  # `--steps-of STEP DEVICE THREADS UNTIMED TIMED`: one device's steps, for _train_rows
+    if len(sys.argv) != 7 or sys.argv[1] != "--steps-of":
+        raise SystemExit("usage: python -m npusim.bench.sim_cost --steps-of STEP DEVICE THREADS UNTIMED TIMED")
+    print(json.dumps(steps_in_this_process(sys.argv[2], sys.argv[3], *(int(a) for a in sys.argv[4:7]))))
