@@ -56,7 +56,8 @@ class Row(NamedTuple):
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--min-run-time", type=float, default=1.0,
-                        help="seconds of blocked_autorange per measurement (default 1)")
+                        help="seconds of blocked_autorange per measurement (default 1); the training rows run "
+                             "round(3 * this) processes per device (at least 1), each over the same steps")
     parser.add_argument("--skip-startup", action="store_true", help="skip the fresh-process start-up rows")
 
 
