@@ -160,26 +160,27 @@ _ROUNDS = 3
 
 # Note [The same steps on both devices]
 # A training step's cost is not a constant of the model: it moves with the
-# values the training reaches. The dispatch-bound MLP step costs 0.7-0.8 ms on
-# both devices until about step 700 and 1.0-1.1 ms after it (in every process,
-# npu and CPU alike, since the values are bit for bit the same): dead ReLU
-# units get zero gradients on the benchmark's one batch, so
+# values the training reaches. The dispatch-bound MLP step costs 0.7-0.8 ms
+# on both devices until about step 650 and 1.0-1.1 ms from about step 700
+# (in every process, npu and CPU alike, since the values are bit for bit the
+# same). Dead ReLU units get zero gradients on the benchmark's one batch, so
 # AdamW's exp_avg for them decays geometrically into subnormal floats, and
-# lerp_ and addcdiv_ over subnormals take several times longer on x86. Up to
-# stop 35 each process ran 0.3 s of untimed steps and then timed steps for a
-# set time, so the faster device reached further into the training: npu's
-# window was about steps 270-810, CPU's about 330-750: 16% of npu's timed
-# steps came from the slow regime against 6% of CPU's, and the row compared
-# different work (six processes each on the 2-core VM, stop 37: npu/CPU 0.90
-# over the old windows, 0.87 over steps 250-599 of the same runs). The first
-# subnormal appears at about step 650 and by step 800 they hold a sixth of the
-# second layer's exp_avg (test_bench_sim_cost checks both ends). Each process now runs a set number of untimed steps and
-# times a set number, the same on both devices, so both time the same steps
-# of the same training. The MLP has two rows: steps 250-599, the
-# dispatch-bound regime the row is named for, and steps 800-1099, where
-# subnormal arithmetic bounds the step; there npu runs AdamW's kernels on its
-# stream worker's one core while CPU runs them on its team, and the row shows
-# what that costs.
+# lerp_ and addcdiv_ over subnormals take several times longer on x86: the
+# first subnormal appears at about step 650, and by step 800 they hold a
+# sixth of the second layer's exp_avg (tests/test_bench_report.py checks both
+# ends). Up to stop 35 each process ran 0.3 s of untimed steps and then timed
+# steps for a set time, so the faster device reached further into the
+# training: npu's windows covered about steps 270-810, CPU's about 330-750;
+# 16% of npu's timed steps came from the slow regime against 6% of CPU's, and
+# the row compared different work (six processes each on the 2-core VM, stop
+# 37: npu/CPU 0.90 over the old windows, 0.87 over steps 250-599 of the same
+# runs). Each process now runs a set number of untimed steps and times a set
+# number, the same on both devices, so both time the same steps of the same
+# training. The MLP has two rows: steps 250-599, the dispatch-bound regime
+# the row is named for, and steps 800-1099, where subnormal arithmetic bounds
+# the step; there npu runs AdamW's kernels on its stream worker's one core
+# (Note [A core for the host]) while CPU runs them on its team, and the row
+# shows what that costs.
 
 
 # Note [Each device in a process of its own]
