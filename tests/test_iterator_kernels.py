@@ -165,3 +165,33 @@ def test_on_a_busy_stream_the_op_is_a_stream_task():
     assert acl.iterator_kernel_runs() == before
     assert not torch.npu.current_stream().query()
     assert torch.equal(out.cpu(), a.cpu() + b.cpu())
+
+
+@pytest.mark.asynchronous
+def test_inside_a_backward_pass_small_compute_is_a_stream_task():
+    """Autograd's npu thread only launches (Note [No compute on the host in a backward pass]): an add of
+    a few elements on an idle stream runs on the host in the forward but is a stream task in the
+    backward, with the same values."""
+    seen: dict[str, int] = {}
+
+    class AddInBackward(torch.autograd.Function):
+        @staticmethod
+        def forward(ctx, x):
+            return x.clone()
+
+        @staticmethod
+        def backward(ctx, grad):
+            torch.npu.synchronize()  # an idle stream, as in the forward below
+            stream = torch.npu.current_stream()
+            runs, tasks = acl.iterator_kernel_runs(), acl.stream_enqueued(stream.stream_id, stream.device_index)
+            out = grad + grad
+            seen["runs"] = acl.iterator_kernel_runs() - runs
+            seen["tasks"] = acl.stream_enqueued(stream.stream_id, stream.device_index) - tasks
+            return out
+
+    x = torch.ones(8, device="npu", requires_grad=True)
+    _, forward_runs = _runs_of(lambda: x.detach() + x.detach())
+    assert forward_runs == 1
+    AddInBackward.apply(x).sum().backward()
+    assert seen == {"runs": 0, "tasks": 1}
+    assert torch.equal(x.grad.cpu(), torch.full((8,), 2.0))

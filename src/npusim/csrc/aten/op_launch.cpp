@@ -9,6 +9,7 @@
 #include "op_traits.h"
 
 #include <ATen/core/List.h>
+#include <torch/csrc/autograd/function.h>
 #include <c10/core/DeviceGuard.h>
 #include <c10/util/Exception.h>
 
@@ -462,7 +463,28 @@ ComputeCostHook compute_cost_hook() {
 // Note [Work on an idle stream] has the rule; kHostComputeMaxElements is its threshold for compute.
 constexpr int64_t kHostComputeMaxElements = 1 << 14;
 
+// Note [No compute on the host in a backward pass]
+// Autograd runs an npu backward on its device thread, which, like CUDA's,
+// only launches: the user's thread sleeps until the pass is done and the
+// stream worker, busy since the forward, is awake. Small compute that
+// thread did in place on an idle stream (Note [Work on an idle stream])
+// saved no wake-up, ran on data in the worker's cache, and gave the thread
+// an OpenMP team of its own (the user's count: Note [Intra-op threads of
+// autograd's npu thread]). That was one runnable thread more on the
+// machine's cores. In fresh processes of the dispatch-bound MLP step of
+// `bench sim-cost` on 2 cores (steps 250-599, 12 alternating pairs, stop
+// 37), the step took 0.535-0.615 ms with every backward op launched and
+// 0.635-0.748 ms with the small ones done in place, and none of the
+// processes of 0.75-0.85 ms that about one in five had been, whose
+// per-thread traces showed autograd's thread or its OpenMP team thread on
+// the worker's core (docs/BENCHMARKS.md). So inside a backward pass compute is
+// always a stream task, except under NPUSIM_LAUNCH_BLOCKING=1 (where
+// everything runs in place) and for ops that must run on the host
+// (OpTraits::host_only). The values are the same either way.
 bool compute_on_the_host_now(const NpuStream& stream, int64_t numel) {
+  if (!launch_blocking() && torch::autograd::get_current_node() != nullptr) {
+    return false;  // Note [No compute on the host in a backward pass]
+  }
   return done_on_the_host_now(stream) && compute_cost_hook() == nullptr &&
       (launch_blocking() || numel <= kHostComputeMaxElements);
 }
