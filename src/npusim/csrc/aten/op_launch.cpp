@@ -474,11 +474,12 @@ constexpr int64_t kHostComputeMaxElements = 1 << 14;
 // machine's cores. In fresh processes of the dispatch-bound MLP step of
 // `bench sim-cost` on 2 cores (steps 250-599, 12 alternating pairs, stop
 // 37), the step took 0.535-0.615 ms with every backward op launched and
-// 0.635-0.748 ms with the small ones done in place, and none of the
-// processes of 0.75-0.85 ms that about one in five had been, whose
-// per-thread traces showed autograd's thread or its OpenMP team thread on
-// the worker's core (docs/BENCHMARKS.md). So inside a backward pass compute is
-// always a stream task, except under NPUSIM_LAUNCH_BLOCKING=1 (where
+// 0.635-0.748 ms with the small ones done in place. Before, about one
+// process in five ran at 0.75-0.85 ms, and per-thread traces of such
+// processes showed autograd's thread or its OpenMP team thread on the
+// worker's core; with it none did (docs/BENCHMARKS.md). So inside a
+// backward pass compute is always a stream task, except under
+// NPUSIM_LAUNCH_BLOCKING=1 (where
 // everything runs in place) and for ops that must run on the host
 // (OpTraits::host_only). The values are the same either way.
 bool compute_on_the_host_now(const NpuStream& stream, int64_t numel) {
