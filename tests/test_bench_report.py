@@ -172,3 +172,6 @@ def test_sim_cost_steps_of_process_returns_the_timed_steps():
     out = subprocess.run([sys.executable, "-m", "npusim.bench.sim_cost", "--steps-of", "mlp", "npu", "1", "2"],
                          capture_output=True, text=True, timeout=120)
     assert out.returncode != 0 and "usage: python -m npusim.bench.sim_cost --steps-of" in out.stderr
+    out = subprocess.run([sys.executable, "-m", "npusim.bench.sim_cost", "--steps-of", "mlp", "npu", "1", "2", "x"],
+                         capture_output=True, text=True, timeout=120)
+    assert out.returncode != 0 and "THREADS, UNTIMED and TIMED are whole numbers, got ['1', '2', 'x']" in out.stderr

@@ -334,6 +334,11 @@ def _plot(rows: list[Row], path: Path) -> None:
 
 # `-m` imports the npusim package first, which registers the npu device.
 if __name__ == "__main__":  # `--steps-of STEP DEVICE THREADS UNTIMED TIMED`: one device's steps, for _train_rows
-    if len(sys.argv) != 7 or sys.argv[1] != "--steps-of":
-        raise SystemExit("usage: python -m npusim.bench.sim_cost --steps-of STEP DEVICE THREADS UNTIMED TIMED")
-    print(json.dumps(steps_in_this_process(sys.argv[2], sys.argv[3], *(int(a) for a in sys.argv[4:7]))))
+    usage = "usage: python -m npusim.bench.sim_cost --steps-of STEP DEVICE THREADS UNTIMED TIMED"
+    if len(sys.argv) != 7 or sys.argv[1] != "--steps-of" or sys.argv[2] not in _STEP_FNS:
+        raise SystemExit(f"{usage} (STEP one of {', '.join(_STEP_FNS)})")
+    try:
+        counts = [int(a) for a in sys.argv[4:7]]
+    except ValueError:
+        raise SystemExit(f"{usage}: THREADS, UNTIMED and TIMED are whole numbers, got {sys.argv[4:7]}") from None
+    print(json.dumps(steps_in_this_process(sys.argv[2], sys.argv[3], *counts)))

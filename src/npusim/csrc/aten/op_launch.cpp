@@ -479,9 +479,9 @@ constexpr int64_t kHostComputeMaxElements = 1 << 14;
 // processes showed autograd's thread or its OpenMP team thread on the
 // worker's core; with it none did (docs/BENCHMARKS.md). So inside a
 // backward pass compute is always a stream task, except under
-// NPUSIM_LAUNCH_BLOCKING=1 (where
-// everything runs in place) and for ops that must run on the host
-// (OpTraits::host_only). The values are the same either way.
+// NPUSIM_LAUNCH_BLOCKING=1 (where everything runs in place) and for ops
+// that must run on the host (OpTraits::host_only). The values are the same
+// either way.
 bool compute_on_the_host_now(const NpuStream& stream, int64_t numel) {
   if (!launch_blocking() && torch::autograd::get_current_node() != nullptr) {
     return false;  // Note [No compute on the host in a backward pass]
