@@ -40,7 +40,7 @@ def test_timeline_has_compute_lanes_per_mode(tmp_path: Path):
 
     --copy-gbps slows each copy to milliseconds: what legacy mode waits for then dwarfs the host's
     own time in the call, which a loaded 2-core CI runner once stretched to 2.4 ms over 3 calls."""
-    code = cli.main(["timeline", "--out", str(tmp_path), "--dim", "32", "--blocks", "1", "--copy-gbps", "0.002",
+    code = cli.main(["timeline", "--out", str(tmp_path), "--dim", "32", "--blocks", "1", "--copy-gbps", "0.001",
                      "--timeout", "180"])
     assert code == 0
     assert (tmp_path / "timeline.png").stat().st_size > 10_000
