@@ -134,31 +134,78 @@ def test_sdpa_kernel_switches_are_honoured():
 
 
 def test_direct_calls_reject_what_the_cpu_kernel_cannot_do():
-    """The overrideable forward refuses dropout and the debug mask, its backward a mask gradient,
-    each with an error naming the op and the device."""
+    """The overrideable forward refuses dropout and the debug mask, each with an error naming the
+    op and the device."""
     q, k, v = (t.to("npu") for t in _qkv())
     with pytest.raises(NotImplementedError, match="overrideable on npu:0: dropout_p must be 0"):
         OVERRIDEABLE(q, k, v, dropout_p=0.5)
     with pytest.raises(NotImplementedError, match="return_debug_mask=True is not supported"):
         OVERRIDEABLE(q, k, v, return_debug_mask=True)
-    mask = torch.zeros(12, 12, device="npu")
-    out, lse, cq, ck, mq, mk, seed, offset, _ = OVERRIDEABLE(q, k, v, mask)
-    with pytest.raises(NotImplementedError, match="backward on npu:0: no gradient for attn_bias"):
-        OVERRIDEABLE_BACKWARD(torch.ones_like(out), q, k, v, mask, [True, True, True, True], out, lse, cq, ck,
-                              mq, mk, 0.0, False, seed, offset)
+
+
+# name -> (q, k, v keyword arguments of _qkv, mask shape, dtype); the mask broadcasts to (B, H, Lq, Lk).
+BIAS_CASES: dict[str, tuple[dict[str, Any], tuple[int, ...]]] = {
+    "full": ({"lk": 10}, (2, 3, 12, 10)),
+    "broadcast_2d": ({"lk": 10}, (12, 10)),
+    "broadcast_heads": ({"lk": 10}, (2, 1, 12, 10)),
+    "broadcast_batch": ({"lk": 10}, (1, 3, 12, 10)),
+    "bfloat16": ({"lk": 10, "dtype": torch.bfloat16}, (2, 3, 12, 10)),
+    "grouped_query_heads": ({"h": 4, "heads_kv": 2}, (12, 12)),
+}
+
+
+@pytest.mark.parametrize("case", list(BIAS_CASES))
+def test_attn_bias_gradient_equals_cpu_math(case):
+    """The overrideable op's backward gives the mask a gradient, as CUDA's math path does: the four
+    gradients equal CPU's math SDPA (the mask's reduced to its broadcast shape, in its dtype)."""
+    shape, mask_shape = BIAS_CASES[case]
+    q, k, v = _qkv(**shape)
+    mask = _rand(*mask_shape, seed=4).to(q.dtype)
+    grad = _rand(*q.shape, seed=5).to(q.dtype)
+    cpu = [t.clone().requires_grad_() for t in (q, k, v, mask)]
+    with sdpa_kernel(SDPBackend.MATH):
+        F.scaled_dot_product_attention(*cpu[:3], attn_mask=cpu[3], enable_gqa=k.size(1) != q.size(1)).backward(grad)
+    npu = [t.to("npu").requires_grad_() for t in (q, k, v, mask)]
+    with OpLog() as log:
+        OVERRIDEABLE(*npu)[0].backward(grad.to("npu"))
+    assert OVERRIDEABLE_BACKWARD in log.ops
+    tol = {"rtol": 2e-2, "atol": 2e-2} if q.dtype == torch.bfloat16 else {"rtol": 1e-5, "atol": 1e-5}
+    for name, want, got in zip("qkvm", cpu, npu, strict=True):
+        assert got.grad.shape == want.grad.shape and got.grad.dtype == want.grad.dtype, name
+        torch.testing.assert_close(got.grad.cpu(), want.grad, **tol, msg=lambda m, name=name: f"{case} d{name}: {m}")
+
+
+def test_attn_bias_gradient_of_a_causal_call_and_a_masked_row():
+    """Called directly with a mask and is_causal, the mask's gradient is zero where the causal mask
+    hides a score; a row the mask hides everywhere gets zero gradient (math's safe softmax)."""
+    q, k, v = (t.to("npu") for t in _qkv())
+    mask = _rand(12, 12, seed=6)
+    mask[3] = float("-inf")
+    bias = mask.to("npu").requires_grad_()
+    out = OVERRIDEABLE(q, k, v, bias, is_causal=True)[0]
+    out.backward(torch.ones_like(out))
+    g = bias.grad.cpu()
+    assert torch.equal(g.triu(1), torch.zeros(12, 12)) and torch.equal(g[3], torch.zeros(12))
+    assert g.tril().abs().sum() > 0
 
 
 def _meta(t: torch.Tensor | None) -> torch.Tensor | None:
     return None if t is None else torch.empty_strided(t.shape, t.stride(), dtype=t.dtype, device="meta")
 
 
-@pytest.mark.parametrize("layout", ["contiguous", "heads_inner"])
+@pytest.mark.parametrize("layout", ["contiguous", "heads_inner", "packed_qkv"])
 def test_results_have_the_layouts_of_the_meta_kernels(layout):
-    """The forward's output and log-sum-exp and the backward's gradients have the sizes and strides
-    of PyTorch's meta kernels for these ops (what torch.compile plans with and checks)."""
+    """The forward's output and log-sum-exp and the backward's gradients (the mask's too) have the
+    sizes and strides of PyTorch's meta kernels for these ops (what torch.compile plans with and
+    checks), also for q, k, v views of one packed projection, whose strides have gaps."""
     q, k, v = (t.to("npu") for t in _qkv())
     if layout == "heads_inner":  # (B, L, H, E) memory seen as (B, H, L, E), as attention layers make it
         q, k, v = (t.transpose(1, 2).contiguous().transpose(1, 2) for t in (q, k, v))
+    if layout == "packed_qkv":  # nanoGPT: (B, L, 3*H*E).split(H*E, dim=2), then (B, H, L, E) views
+        b, h, lq, e = q.shape
+        packed = torch.cat([t.transpose(1, 2).reshape(b, lq, h * e) for t in (q, k, v)], dim=2)
+        q, k, v = (t.view(b, lq, h, e).transpose(1, 2) for t in packed.split(h * e, dim=2))
+        assert q.stride() == (lq * 3 * h * e, e, 3 * h * e, 1)
     real = OVERRIDEABLE(q, k, v, is_causal=True)
     meta = OVERRIDEABLE(*map(_meta, (q, k, v)), is_causal=True)
     for r, m in zip(real[:2], meta[:2], strict=True):
@@ -171,6 +218,12 @@ def test_results_have_the_layouts_of_the_meta_kernels(layout):
     for r, m in zip(real_grads[:3], meta_grads[:3], strict=True):
         assert (r.shape, r.stride()) == (m.shape, m.stride())
     assert real_grads[3] is None
+    mask = torch.zeros(1, 3, 12, 12, device="npu").transpose(2, 3)  # broadcast over the batch, transposed
+    args[4], args[5], args[13] = mask, [True, True, True, True], False
+    real_grads = OVERRIDEABLE_BACKWARD(*args)
+    meta_grads = OVERRIDEABLE_BACKWARD(*[_meta(a) if isinstance(a, torch.Tensor) else a for a in args])
+    for r, m in zip(real_grads, meta_grads, strict=True):
+        assert (r.shape, r.stride()) == (m.shape, m.stride())
 
 
 class _Block(torch.nn.Module):

@@ -1,6 +1,8 @@
 """torch.compile (default inductor backend) on the npu: compiled results equal eager ones,
 compiled code runs in stream order, allocates npu memory, honours the device, and the
-``_foreach_copy_`` of FSDP2's copy-in takes a stated path.
+``_foreach_copy_`` of FSDP2's copy-in takes a stated path; SDPA (a seeded fused op) in a
+compiled nanoGPT-style model and in a compiled checkpointed block gives eager's values forward
+and backward, and a recomputed seeded op draws the npu generator state its forward saved.
 
 Compiling is slow here (each C++ kernel is a g++ run), so the file keeps the number of
 distinct graphs small: tests share compiled functions, and the FSDP2 ranks compile the same
@@ -352,3 +354,144 @@ def test_fsdp2_with_compiled_blocks_trains_like_eager():
     for rank_losses in run_ranks(_fsdp_compile_job, timeout=400):
         for step, (eager, compiled) in enumerate(rank_losses):
             assert_close(compiled, eager, **LOSS_TOL, msg=lambda m, step=step: f"step {step} loss: {m}")
+
+
+# ---- SDPA and recomputed seeded ops ------------------------------------------
+# F.scaled_dot_product_attention on npu tensors is the seeded fused op
+# aten._scaled_dot_product_fused_attention_overrideable (npusim/ops/attention.py).
+
+class _PackedQkvAttention(nn.Module):
+    """nanoGPT's attention: q, k, v are strided views of one packed projection."""
+
+    def __init__(self, n_embd: int = 32, n_head: int = 4) -> None:
+        super().__init__()
+        self.n_embd, self.n_head = n_embd, n_head
+        self.c_attn = nn.Linear(n_embd, 3 * n_embd)
+        self.c_proj = nn.Linear(n_embd, n_embd)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        b, t, c = x.shape
+        q, k, v = self.c_attn(x).split(self.n_embd, dim=2)
+        q, k, v = (z.view(b, t, self.n_head, c // self.n_head).transpose(1, 2) for z in (q, k, v))
+        y = F.scaled_dot_product_attention(q, k, v, is_causal=True)
+        return self.c_proj(y.transpose(1, 2).contiguous().view(b, t, c))
+
+
+class _NanoGpt(nn.Module):
+    def __init__(self, vocab: int = 64, n_embd: int = 32) -> None:
+        super().__init__()
+        self.wte = nn.Embedding(vocab, n_embd)
+        self.ln = nn.LayerNorm(n_embd)
+        self.attn = _PackedQkvAttention(n_embd)
+        self.head = nn.Linear(n_embd, vocab)
+
+    def forward(self, idx: torch.Tensor) -> torch.Tensor:
+        x = self.wte(idx)
+        return self.head(x + self.attn(self.ln(x)))
+
+
+def _train_step(model: nn.Module, idx: torch.Tensor) -> tuple[torch.Tensor, list[torch.Tensor]]:
+    model.zero_grad(set_to_none=True)
+    loss = F.cross_entropy(model(idx).flatten(0, 1), idx.flatten())
+    loss.backward()
+    return loss.detach(), [p.grad for p in model.parameters()]
+
+
+def _assert_same_step(got: tuple[torch.Tensor, list[torch.Tensor]],
+                      want: tuple[torch.Tensor, list[torch.Tensor]]) -> None:
+    assert_close(got[0].cpu(), want[0].cpu(), **LOSS_TOL)
+    for i, (g, w) in enumerate(zip(got[1], want[1], strict=True)):
+        assert g is not None and g.device.type == "npu", i
+        assert_close(g.cpu(), w.cpu(), **PARAM_TOL, msg=lambda m, i=i: f"grad {i}: {m}")
+
+
+def test_compiled_nanogpt_with_packed_qkv_matches_eager():
+    """A compiled nanoGPT-style model (q, k, v views of one packed projection): two training steps
+    give eager's losses and gradients, through the fused attention backward, whose gradients have
+    the strides its meta kernel promises (inductor asserts them)."""
+    torch.manual_seed(0)
+    eager = _NanoGpt().to("npu")
+    compiled_model = copy.deepcopy(eager)
+    compiled = torch.compile(compiled_model)
+    idx = torch.randint(0, 64, (4, 16), generator=torch.Generator().manual_seed(1)).to("npu")
+    want = _train_step(eager, idx)
+    got, codes = run_and_get_code(_train_step, compiled, idx)
+    _assert_same_step(got, want)
+    assert any("_scaled_dot_product_fused_attention_overrideable_backward" in c for c in codes)
+    _assert_same_step(_train_step(compiled, idx * 2 % 64), _train_step(eager, idx * 2 % 64))
+
+
+def _checkpointed(block: nn.Module, x: torch.Tensor) -> torch.Tensor:
+    return torch.utils.checkpoint.checkpoint(block, x, use_reentrant=False).square().mean()
+
+
+def test_compiled_checkpointed_sdpa_matches_eager():
+    """A compiled activation-checkpointed block with SDPA: the forward saves the npu generator's
+    state around the seeded attention op (run_and_save_rng_state), the backward recomputes it
+    from that state (run_with_rng_state); loss and gradients equal eager's."""
+    torch.manual_seed(0)
+    eager = _PackedQkvAttention().to("npu")
+    compiled_block = copy.deepcopy(eager)
+    x = torch.randn(4, 16, 32, generator=torch.Generator().manual_seed(2)).to("npu")
+
+    def step(block: nn.Module, fn) -> tuple[torch.Tensor, list[torch.Tensor]]:
+        block.zero_grad(set_to_none=True)
+        xi = x.detach().requires_grad_()
+        loss = fn(block, xi)
+        loss.backward()
+        return loss.detach(), [xi.grad, *(p.grad for p in block.parameters())]
+
+    want = step(eager, _checkpointed)
+    got, (forward, backward) = run_and_get_code(step, compiled_block, torch.compile(_checkpointed))
+    _assert_same_step(got, want)
+    assert "run_and_save_rng_state" in forward and "run_with_rng_state" in backward
+    assert "_scaled_dot_product_fused_attention_overrideable" in backward
+
+
+def test_recomputed_dropout_draws_what_the_forward_drew():
+    """Under fallback_random a checkpointed dropout runs the npu generator's kernel: the backward's
+    recomputation restores the saved npu state, so the gradient keeps exactly the forward's mask."""
+
+    def region(x: torch.Tensor) -> torch.Tensor:
+        return F.dropout(x.sin(), 0.5, training=True)
+
+    def dropped(x: torch.Tensor) -> torch.Tensor:
+        return torch.utils.checkpoint.checkpoint(region, x, use_reentrant=False)
+
+    x = torch.randn(64, 64, generator=torch.Generator().manual_seed(3)).to("npu").requires_grad_()
+
+    def step(fn) -> tuple[torch.Tensor, torch.Tensor]:
+        torch.npu.manual_seed(3)
+        y = fn(x)
+        y.backward(torch.ones_like(y))
+        return y.detach(), x.grad
+
+    with torch._inductor.config.patch(fallback_random=True):
+        (y, grad), (forward, backward) = run_and_get_code(step, torch.compile(dropped))
+    assert "run_and_save_rng_state" in forward and "run_with_rng_state" in backward
+    kept = y != 0
+    assert 0.4 < kept.float().mean().item() < 0.6
+    assert_close(grad.cpu(), torch.where(kept, 2 * x.detach().cos(), 0).cpu())
+
+
+def test_rng_state_ops_on_npu_tensors():
+    """run_and_save_rng_state returns the npu generator's state before the op; run_with_rng_state
+    redraws the same numbers from it and leaves the generator where it was; a state that is not
+    the npu's is refused naming the op and device; cpu tensors still take torch's cpu kernel."""
+    from torch._prims.rng_prims import run_and_save_rng_state, run_with_rng_state
+
+    rand = torch.ops.aten.rand.default
+    torch.npu.manual_seed(5)
+    before = torch.npu.get_rng_state()
+    state, drawn = run_and_save_rng_state(rand, [16], device=torch.device("npu:0"))
+    assert torch.equal(state, before) and drawn.device.type == "npu"
+    after = torch.npu.get_rng_state()
+    assert not torch.equal(after, before)
+    again = run_with_rng_state(state, rand, [16], device=torch.device("npu:0"))
+    assert torch.equal(again.cpu(), drawn.cpu())
+    assert torch.equal(torch.npu.get_rng_state(), after)
+    with pytest.raises(RuntimeError, match=r"run_with_rng_state on npu:0: expected the npu generator state"):
+        run_with_rng_state(state.float(), rand, [16], device=torch.device("npu:0"))
+    cpu_before = torch.get_rng_state()
+    cpu_state, _ = run_and_save_rng_state(rand, [4], device=torch.device("cpu"))
+    assert torch.equal(cpu_state, cpu_before) and not torch.equal(torch.get_rng_state(), cpu_before)

@@ -9,6 +9,8 @@ Note [Registering with dynamo and inductor lazily]. What each piece does:
   memory, with the npu's device semantics added by the wrapper codegen
   (see Note [Compiled code in stream order]);
 - :mod:`npusim.compile.generated_calls`: the helpers the generated code calls;
+- :mod:`npusim.compile.rng_state`: the npu in AOTAutograd's recomputation of seeded ops
+  (see Note [Recomputed seeded ops on the npu]);
 - :mod:`npusim.compile.graph_policy` and :mod:`npusim.compile.graph_trees`: npu graph
   trees for ``mode="reduce-overhead"`` (see Note [What npusim hooks for reduce-overhead]).
 
@@ -52,6 +54,12 @@ def _register_inductor() -> None:
     install_graph_policy()
 
 
+def _register_rng_state() -> None:
+    from npusim.compile.rng_state import register as register_rng_state
+
+    register_rng_state()
+
+
 def _run(callback: Callable[[], None]) -> None:
     # A failed registration must not break torch.compile for other devices:
     # warn, and npu graphs then fail in inductor with its own error.
@@ -76,3 +84,4 @@ def register() -> None:
     _registered = True
     _when_imported("torch._dynamo", _register_dynamo)
     _when_imported("torch._inductor.compile_fx", _register_inductor)
+    _when_imported("torch._prims.rng_prims", _register_rng_state)
