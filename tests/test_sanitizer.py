@@ -1,6 +1,6 @@
 """The stream race sanitizer: each kind of race is reported on a racy snippet and not once the
-ordering is added; FSDP2 on the npu runs clean under it; the threaded process group's
-all-gather pattern is reported."""
+ordering is added; npu graphs' captured ops race at their replays, not at the capture; FSDP2 on the
+npu runs clean under it; the threaded process group's all-gather pattern is reported."""
 
 from __future__ import annotations
 
@@ -264,6 +264,137 @@ def test_off_by_default_and_no_observers():
     assert not npusim.sanitizer.is_enabled()
     _stream_race(False)  # would be reported if it were on
     assert npusim.sanitizer.current() is None
+
+
+# ---- npu graphs (Note [Sanitizer and npu graphs]) ---------------------------------
+
+def _graph_training_loop() -> Any:
+    """PyTorch's whole-network capture example: warm-up on a side stream, capture forward, backward and
+    optimizer step, then per step copy new data into the static inputs on the current stream and replay."""
+    torch.manual_seed(0)
+    model = torch.nn.Sequential(torch.nn.Linear(16, 16), torch.nn.ReLU(), torch.nn.Linear(16, 1)).to("npu")
+    loss_fn = torch.nn.MSELoss()
+    opt = torch.optim.SGD(model.parameters(), lr=0.1)
+    static_input, static_target = torch.randn(8, 16, device="npu"), torch.randn(8, 1, device="npu")
+    side = torch.npu.Stream()
+    side.wait_stream(torch.npu.current_stream())
+    with torch.npu.stream(side):
+        for _ in range(3):
+            opt.zero_grad(set_to_none=True)
+            loss_fn(model(static_input), static_target).backward()
+            opt.step()
+    torch.npu.current_stream().wait_stream(side)
+    g = torch.npu.NPUGraph()
+    opt.zero_grad(set_to_none=True)
+    with torch.npu.graph(g):
+        static_loss = loss_fn(model(static_input), static_target)
+        static_loss.backward()
+        opt.step()
+    for _ in range(3):
+        data, target = torch.randn(8, 16, device="npu"), torch.randn(8, 1, device="npu")
+        with torch.no_grad():
+            expected = loss_fn(model(data), target).item()  # the parameters before this step's update
+        static_input.copy_(data)
+        static_target.copy_(target)
+        g.replay()
+        assert static_loss.item() == pytest.approx(expected, rel=1e-5)
+    return g, model, static_input, static_target, static_loss
+
+
+def _joined_stream_capture() -> Any:
+    """A capture that forks onto a side stream and joins back (Note [Multi-stream capture]), replayed
+    after the static input is rewritten on the current stream."""
+    x = torch.zeros(N, device="npu")
+    g = torch.npu.NPUGraph()
+    with torch.npu.graph(g):
+        side = torch.npu.Stream()
+        side.wait_stream(torch.npu.current_stream())
+        with torch.npu.stream(side):
+            y = x + 1
+        torch.npu.current_stream().wait_stream(side)
+        z = y * 2
+    x.fill_(4.0)
+    g.replay()
+    assert torch.equal(z.cpu(), torch.full((N,), 10.0))
+    return g, x, y, z
+
+
+def test_graph_static_input_copy_then_replay_is_clean():
+    """The ordinary graph pattern reports nothing: ops captured into a graph access memory at each replay
+    on the replay's stream, not on the capture stream at capture time (PyTorch's training-loop example,
+    a capture with a joined side stream, and make_graphed_callables); the replays compute the values."""
+    assert kinds(_graph_training_loop) == []
+    assert kinds(_joined_stream_capture) == []
+
+    def graphed_callables() -> Any:
+        module = torch.nn.Linear(16, 4).to("npu")
+        graphed = torch.npu.make_graphed_callables(module, (torch.randn(2, 16, device="npu"),))
+        x = torch.randn(2, 16, device="npu")
+        out = graphed(x)
+        assert torch.allclose(out.cpu(), module.weight.cpu().matmul(x.cpu().T).T + module.bias.cpu(), atol=1e-5)
+        return graphed, x, out
+
+    assert kinds(graphed_callables) == []
+
+
+def _graph_and_static_tensors() -> tuple[torch.npu.NPUGraph, torch.Tensor, torch.Tensor]:
+    static_in = torch.zeros(N, device="npu")
+    g = torch.npu.NPUGraph()
+    with torch.npu.graph(g):
+        static_out = static_in * 2
+    return g, static_in, static_out
+
+
+def _input_written_during_replay(ordered: bool) -> Any:
+    """A replay on a side stream reads the static input; the default stream then overwrites it."""
+    g, static_in, static_out = _graph_and_static_tensors()
+    side = torch.npu.Stream()
+    side.wait_stream(torch.npu.current_stream())
+    with torch.npu.stream(side):
+        g.replay()
+    if ordered:
+        torch.npu.current_stream().wait_stream(side)
+    static_in.fill_(1.0)
+    return g, static_in, static_out
+
+
+def _output_read_during_replay(ordered: bool) -> Any:
+    """A replay on a side stream writes the static output; the host copies it out waiting only for the
+    default stream."""
+    g, static_in, static_out = _graph_and_static_tensors()
+    side = torch.npu.Stream()
+    side.wait_stream(torch.npu.current_stream())
+    with torch.npu.stream(side):
+        static_in.fill_(3.0)
+        g.replay()
+    if ordered:
+        torch.npu.current_stream().wait_stream(side)
+        assert torch.equal(static_out.cpu(), torch.full((N,), 6.0))
+    else:
+        static_out.cpu()
+    return g, static_in, static_out
+
+
+def test_graph_replay_races_are_reported():
+    """A replay reads and writes at the replay, on its stream: another stream writing its input, or the
+    host reading its output, without ordering is reported, naming the replayed op; the wait fixes both."""
+    with npusim.sanitizer.enabled(on_race="record") as san:
+        keep = _input_written_during_replay(False)
+    del keep
+    assert [r.kind for r in san.reports] == [RaceKind.STREAM]
+    assert "aten::fill_ on npu:0 stream 0 (default) writes" in san.reports[0].message
+    assert san.reports[0].previous.op == "aten::mul (replayed by an npu graph)"
+    assert not san.reports[0].previous.write
+    assert any("_input_written_during_replay" in frame.name for frame in san.reports[0].previous.stack)
+    assert kinds(lambda: _input_written_during_replay(True)) == []
+
+    with npusim.sanitizer.enabled(on_race="record") as san:
+        keep = _output_read_during_replay(False)
+    del keep
+    torch.npu.synchronize()
+    assert [r.kind for r in san.reports] == [RaceKind.HOST]
+    assert "while aten::mul (replayed by an npu graph) on npu:0 stream" in san.reports[0].message
+    assert kinds(lambda: _output_read_during_replay(True)) == []
 
 
 # ---- the threaded process group's all-gather ---------------------------------

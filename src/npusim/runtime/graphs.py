@@ -41,6 +41,21 @@ from npusim.runtime.streams import stream as stream_context
 PoolHandle = tuple[int, int]
 _CAPTURE_MODES = ("default", "global", "thread_local", "relaxed")
 
+# fn(what, graph) on the calling thread after an NPUGraph's "capture_begin", "capture_end" (also one
+# that raised), "reset" and "replay"; the sanitizer's (Note [Sanitizer and npu graphs] in
+# sanitizer/graph_record.py). None: no observer.
+_observer: Callable[[str, NPUGraph], None] | None = None
+
+
+def set_graph_observer(fn: Callable[[str, NPUGraph], None] | None) -> None:
+    global _observer
+    _observer = fn
+
+
+def _notify(what: str, graph: NPUGraph) -> None:
+    if _observer is not None:
+        _observer(what, graph)
+
 
 def is_current_stream_capturing() -> bool:
     """True while an npu graph captures the current stream of the current device."""
@@ -81,10 +96,14 @@ class NPUGraph(acl.NpuGraph):
             raise ValueError(f"NPUGraph.capture_begin: capture_error_mode must be one of {_CAPTURE_MODES}, "
                              f"got {capture_error_mode!r}")
         super().capture_begin(tuple(pool) if pool is not None else (0, 0), capture_error_mode)
+        _notify("capture_begin", self)
 
     def capture_end(self) -> None:
         """Ends the capture; raises if a forbidden call invalidated it or a joined stream has unjoined work."""
-        super().capture_end()
+        try:
+            super().capture_end()
+        finally:
+            _notify("capture_end", self)
 
     def instantiate(self) -> None:
         if not self.captured():
@@ -93,10 +112,12 @@ class NPUGraph(acl.NpuGraph):
     def replay(self) -> None:
         """Enqueues the captured work on the current stream (asynchronous to the host)."""
         super().replay()
+        _notify("replay", self)
 
     def reset(self) -> None:
         """Drops the captured work and this graph's hold on its pool."""
         super().reset()
+        _notify("reset", self)
 
     def pool(self) -> PoolHandle:
         """The id of this graph's pool, for another graph's ``capture_begin(pool=...)``."""

@@ -17,7 +17,9 @@ while a non-blocking copy from it is still queued; and a block freed while a
 stream other than its allocation stream may still use it, without
 ``record_stream``. Orderings come from the device core (every event record,
 stream wait and host synchronize) and from npusim's copy rules; see Note
-[Sanitizer clocks].
+[Sanitizer clocks]. An op captured into an npu graph accesses memory at each
+replay, on the replay's stream, not at the capture (Note [Sanitizer and npu
+graphs]).
 
 The dispatch mode is per thread: :func:`enable` covers the calling thread
 (and the autograd threads it starts); other host threads join with
@@ -27,14 +29,17 @@ The dispatch mode is per thread: :func:`enable` covers the calling thread
 from __future__ import annotations
 
 import threading
+import weakref
 from collections.abc import Iterator
 from contextlib import contextmanager
 from typing import Literal
 
 from npusim import config
-from npusim.runtime import acl
+from npusim.runtime import acl, graphs
 from npusim.sanitizer.clocks import StreamKey
+from npusim.sanitizer.graph_record import GraphRecord
 from npusim.sanitizer.mode import SanitizerMode, _stack
+from npusim.sanitizer.mode import current as current_stream
 from npusim.sanitizer.report import Access, RaceKind, RaceReport, StreamRaceError
 from npusim.sanitizer.state import HOST_DEVICE, State
 
@@ -57,6 +62,8 @@ class Sanitizer:
         self.on_race = on_race
         self.state = State()
         self._modes: dict[int, SanitizerMode] = {}  # thread id -> its entered mode
+        # What each NPUGraph captured while this sanitizer was on (Note [Sanitizer and npu graphs]).
+        self._graphs: weakref.WeakKeyDictionary[graphs.NPUGraph, GraphRecord] = weakref.WeakKeyDictionary()
 
     @property
     def reports(self) -> list[RaceReport]:
@@ -73,7 +80,13 @@ class Sanitizer:
         clocks = self.state.clocks
         with self.state.lock:
             self._drain()
-            if op == _RECORD:
+            if op in (_RECORD, _WAIT) and acl.stream_is_capturing(stream, device):
+                # A node of a graph, not an ordering of eager work (Note [Sanitizer and npu graphs]).
+                self.state.capture_stream_op(op == _RECORD, event, StreamKey(device, stream))
+            elif op in (_WAIT, _SYNC_EVENT) and event in self.state.capture_events:
+                pass  # an event recorded in a capture orders no eager work
+            elif op == _RECORD:
+                self.state.capture_events.pop(event, None)
                 clocks.record(event, StreamKey(device, stream))
             elif op == _WAIT:
                 clocks.wait_event(StreamKey(device, stream), event)
@@ -87,6 +100,29 @@ class Sanitizer:
                 clocks.host_sync_device(None)
             elif op == _DESTROY:
                 clocks.destroy_event(event)
+                self.state.capture_events.pop(event, None)
+
+    def _on_graph(self, what: str, graph: graphs.NPUGraph) -> None:
+        """An NPUGraph's capture began or ended, it was reset, or it was replayed (Note [Sanitizer and
+        npu graphs])."""
+        state = self.state
+        with state.lock:
+            self._drain()
+            if what == "capture_begin":  # the graph captures the current stream of the current device
+                device = acl.current_device()
+                record = self._graphs[graph] = GraphRecord(device)
+                state.captured[current_stream(state, device)] = record
+                return
+            record = self._graphs.get(graph)
+            if record is None:
+                return  # captured before this sanitizer was on: its accesses are unknown
+            if what == "replay":
+                state.replay(record, current_stream(state, record.device), _stack())
+            else:
+                state.end_capture(record)
+                if what == "reset":
+                    del self._graphs[graph]
+        self._after_op()
 
     def _on_memory(self, ptr: int, delta: int, device: int) -> None:
         with self.state.lock:
@@ -165,6 +201,7 @@ def enable(on_race: OnRace = "raise") -> Sanitizer:
     san = Sanitizer(on_race)
     acl.set_stream_op_observer(san._on_stream_op)
     acl.set_memory_observer(san._on_memory)
+    graphs.set_graph_observer(san._on_graph)
     san.attach()
     _current = san
     return san
@@ -178,6 +215,7 @@ def disable() -> None:
         return
     acl.set_stream_op_observer(None)
     acl.set_memory_observer(None)
+    graphs.set_graph_observer(None)
     san.detach()
 
 

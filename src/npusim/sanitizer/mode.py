@@ -8,6 +8,8 @@ writes the others and its fresh outputs. Copies follow npusim's copy
 rules (SPEC.md section 3), which decide which stream a copy is on and when the
 host waits for it; ``_local_scalar_dense`` (``item()``) and blocking
 device-to-host copies are host reads. View and metadata ops touch no memory.
+An op on a stream an npu graph is capturing touches memory at the graph's
+replays instead (Note [Sanitizer and npu graphs]).
 """
 
 from __future__ import annotations
@@ -79,9 +81,13 @@ def span_of(t: torch.Tensor) -> Span | None:
     return Span((device, ptr), lo, lo + extent * size)
 
 
-def current(device: int) -> StreamKey:
+def current(state: State, device: int) -> StreamKey:
+    """The current stream of ``device``; ``state`` learns from the core whether an npu graph captures
+    it, so that a captured op's accesses go to the graph (Note [Sanitizer and npu graphs])."""
     stream_id, index, _ = acl.current_stream(device)
-    return StreamKey(index, stream_id)
+    s = StreamKey(index, stream_id)
+    state.capturing(s, acl.stream_is_capturing(stream_id, index))
+    return s
 
 
 class SanitizerMode(TorchDispatchMode):
@@ -110,7 +116,7 @@ class SanitizerMode(TorchDispatchMode):
                 if span is not None:
                     with state.lock:
                         self.drain()
-                        state.allocated(span.storage, current(out.device.index))
+                        state.allocated(span.storage, current(state, out.device.index))
             return out
         stack = _stack()
         name = func._schema.name
@@ -175,7 +181,7 @@ def _generic(state: State, func: Any, args: tuple[Any, ...], kwargs: dict[str, A
                 if span is not None and span.storage in state.storages:
                     state.host_access(span, write, name, stack)
         return written
-    s = current(device)
+    s = current(state, device)
     seq, clock = state.clocks.issue(s)
     for t, write in accesses:
         span = span_of(t)
@@ -199,7 +205,7 @@ def _outputs(state: State, out: Any, written: set[int], name: str, stack: traceb
         span = span_of(t)
         if span is None:
             continue
-        s = current(t.device.index)
+        s = current(state, t.device.index)
         if span.storage in state.storages:
             continue  # an alias of an input (already recorded)
         seq, clock = state.clocks.issue(s)
@@ -213,7 +219,7 @@ def _fresh(state: State, t: torch.Tensor) -> None:
         return
     span = span_of(t)
     if span is not None:
-        state.allocated(span.storage, current(t.device.index))
+        state.allocated(span.storage, current(state, t.device.index))
 
 
 def _host_read(state: State, t: torch.Tensor, name: str, stack: traceback.StackSummary) -> None:
@@ -222,7 +228,7 @@ def _host_read(state: State, t: torch.Tensor, name: str, stack: traceback.StackS
     if span is None:
         return
     if span.storage[0] != HOST_DEVICE:
-        state.clocks.host_sync_stream(current(span.storage[0]))
+        state.clocks.host_sync_stream(current(state, span.storage[0]))
     state.host_access(span, False, name, stack)
 
 
@@ -235,9 +241,9 @@ def _copy(state: State, dst: torch.Tensor, src: torch.Tensor, non_blocking: bool
     dst_npu, src_npu = dst.device.type == "npu", src.device.type == "npu"
     clocks = state.clocks
     if src_npu and dst_npu:
-        s = current(src.device.index)
+        s = current(state, src.device.index)
         if dst.device != src.device:  # a two-way barrier around the copy (CUDA's peer copy)
-            d = current(dst.device.index)
+            d = current(state, dst.device.index)
             clocks.wait_stream(s, d)
         seq, clock = clocks.issue(s)
         state.stream_access(src_span, s, seq, clock, False, name, stack)
@@ -245,7 +251,7 @@ def _copy(state: State, dst: torch.Tensor, src: torch.Tensor, non_blocking: bool
         if dst.device != src.device:
             clocks.wait_stream(d, s)
     elif dst_npu:  # host -> device
-        s = current(dst.device.index)
+        s = current(state, dst.device.index)
         seq, clock = clocks.issue(s)
         state.stream_access(dst_span, s, seq, clock, True, name, stack)
         if non_blocking and src.is_pinned():
@@ -255,7 +261,7 @@ def _copy(state: State, dst: torch.Tensor, src: torch.Tensor, non_blocking: bool
             if not non_blocking:
                 clocks.host_sync_stream(s)
     elif src_npu:  # device -> host
-        s = current(src.device.index)
+        s = current(state, src.device.index)
         if non_blocking and dst.is_pinned():
             seq, clock = clocks.issue(s)
             state.stream_access(src_span, s, seq, clock, False, name, stack)

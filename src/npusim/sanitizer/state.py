@@ -15,6 +15,7 @@ import traceback
 from typing import NamedTuple
 
 from npusim.sanitizer.clocks import Clock, Clocks, StreamKey
+from npusim.sanitizer.graph_record import GraphRecord
 from npusim.sanitizer.report import Access, RaceKind, RaceReport
 
 HOST_DEVICE = -1
@@ -80,6 +81,10 @@ class State:
         self.unraised = 0  # reports not yet raised (on_race="raise")
         self.ops = 0  # operations seen
         self.pending_frees: dict[StreamKey, list[PendingFree]] = {}  # Note [Sanitizer free check]
+        # Streams an npu graph is capturing -> the graph their ops' accesses go to, and events recorded
+        # in a capture -> its graph (Note [Sanitizer and npu graphs]).
+        self.captured: dict[StreamKey, GraphRecord] = {}
+        self.capture_events: dict[int, GraphRecord] = {}
 
     def _report(self, kind: RaceKind, message: str, stack: traceback.StackSummary, previous: Access) -> None:
         self.reports.append(RaceReport(kind, message, stack, previous))
@@ -91,7 +96,12 @@ class State:
 
     def stream_access(self, span: Span, s: StreamKey, seq: int, clock: Clock, write: bool, op: str,
                       stack: traceback.StackSummary, alloc: bool = False) -> None:
-        """Operation ``seq`` on ``s`` reads or writes ``span``; reports unordered conflicting accesses."""
+        """Operation ``seq`` on ``s`` reads or writes ``span``; reports unordered conflicting accesses.
+        On a stream an npu graph is capturing, the access is the graph's (Note [Sanitizer and npu graphs])."""
+        record = self.captured.get(s)
+        if record is not None:
+            record.add(span, write, op)
+            return
         state = self.storages.get(span.storage)
         if state is None:
             state = self.storages[span.storage] = StorageState(s)
@@ -138,8 +148,44 @@ class State:
         self._retire(state)
 
     def allocated(self, storage: StorageId, s: StreamKey) -> None:
-        """A fresh block, allocated while ``s`` was current."""
-        self.storages[storage] = StorageState(s)
+        """A fresh block, allocated while ``s`` was current (in a capture: from the graph's private pool,
+        which no eager allocation reuses; Note [Sanitizer and npu graphs])."""
+        self.storages[storage] = StorageState(None if s in self.captured else s)
+
+    # ---- npu graphs (Note [Sanitizer and npu graphs]) ----------------------
+
+    def capturing(self, s: StreamKey, captured: bool) -> None:
+        """Whether a graph captures ``s`` now, as the core says. A capture begun unseen
+        (torch.accelerator.Graph) gets an untracked record: its ops are still not eager accesses."""
+        if captured:
+            if s not in self.captured:
+                self.captured[s] = GraphRecord(s.device, tracked=False)
+        elif s in self.captured:
+            self.end_capture(self.captured[s])
+
+    def capture_stream_op(self, record_event: bool, event: int, s: StreamKey) -> None:
+        """An event record or wait on ``s`` while a graph captures ``s``: a node of the graph. A wait on an
+        event recorded in a capture is how ``s`` joined that capture."""
+        if record_event:
+            self.capture_events[event] = self.captured.setdefault(s, GraphRecord(s.device, tracked=False))
+        elif event in self.capture_events:
+            self.captured[s] = self.capture_events[event]
+        else:
+            self.captured.setdefault(s, GraphRecord(s.device, tracked=False))
+
+    def end_capture(self, record: GraphRecord) -> None:
+        """The capture of ``record``'s graph ended: its streams and events are eager again."""
+        self.captured = {s: r for s, r in self.captured.items() if r is not record}
+        self.capture_events = {e: r for e, r in self.capture_events.items() if r is not record}
+
+    def replay(self, record: GraphRecord, s: StreamKey, stack: traceback.StackSummary) -> None:
+        """One replay of ``record``'s graph on ``s``: one operation that makes all of the graph's accesses."""
+        seq, clock = self.clocks.issue(s)
+        for span, access in record.accesses.items():
+            if span.storage not in self.storages:  # a block of the graph's pool (or one allocated unseen)
+                state = self.storages[span.storage] = StorageState(None)
+                state.fresh = False  # from the graph's pool: never a reuse of an eagerly freed block
+            self.stream_access(span, s, seq, clock, access.write, f"{access.op} (replayed by an npu graph)", stack)
 
     def record_stream(self, storage: StorageId, s: StreamKey) -> None:
         state = self.storages.get(storage)
