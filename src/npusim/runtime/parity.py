@@ -59,7 +59,7 @@ GRAPH_METHODS_NOT_APPLICABLE: dict[str, str] = {
 # What frameworks written for torch_npu touch inside it, beyond the names above. Read from
 # accelerate (src/accelerate: utils/imports.py, state.py, utils/modeling.py), transformers
 # (utils/import_utils.py, trainer*.py, integrations/npu_flash_attention.py), DeepSpeed
-# (accelerator/real_accelerator.py, npu_accelerator.py), MindSpeed (mindspeed/core, functional),
+# (accelerator/real_accelerator.py, npu_accelerator.py), MindSpeed (mindspeed/core, functional, op_builder),
 # torchtitan-npu (torchtitan_npu/train.py, converters, patches) and the helpers torch_npu's and
 # op-plugin's test files import. Each name is a dotted path under npusim run; tests/test_torch_npu_compat.py
 # resolves every one.
@@ -85,6 +85,16 @@ FRAMEWORK_PROVIDED: dict[str, str] = {
     "torch_npu._C._npu_sleep": "torch.npu._sleep",
     "torch_npu._inductor": "imports dynamo and inductor, so npusim's inductor backend is registered "
                            "(torchtitan-npu's compile path)",
+    "torchair.get_npu_backend": "torchair's compile backend, npusim's inductor backend in the config's mode "
+                                "(Note [torchair in npusim]; MindSpeed's graph-mode tests)",
+    "torch_npu.dynamo.torchair.CompilerConfig": "torchair's configuration: mode checked, graph-engine options kept",
+    "torchair.configs.compiler_config.CompilerConfig": "torchair's configuration (MindSpeed's tests)",
+    "torchair.register_fx_node_ge_converter": "records a GE converter, never run (MindSpeed's op builders)",
+    "torchair.ge.DataType": "GE's dtype numbering (MindSpeed's op builders' converters)",
+    "torchair.ge.TensorSpec": "a converter's annotation (MindSpeed's op builders)",
+    "torchair.ge_concrete_graph.fx2ge_converter.register_fx_node_ge_converter": "torchair's first API "
+        "(MindSpeed's fallback imports)",
+    "torchair.patch_for_hcom": "logs that torch >= 2.3.1 needs no patch, as torchair does",
     "torch_npu.contrib.transfer_to_npu": "CUDA-written code on the npu: cuda devices, torch.cuda's names, nccl "
                                          "as hccl (MindSpeed's megatron adaptor, CUDA scripts)",
     "torch_npu.npu_fusion_attention": "op-plugin's fused attention, npusim.ops.fused (transformers' NPU flash "
@@ -122,7 +132,7 @@ FRAMEWORK_REFUSED: dict[str, str] = {
     "torch_npu.profiler": "torch_npu's profiler; npusim's device tasks are in torch.profiler (torchtitan-npu, "
                           "MindSpeed)",
     "torch_npu.optim": "torch_npu's fused optimizers (transformers' NpuFusedAdamW)",
-    "torch_npu.dynamo": "torch_npu's graph-engine compile backends",
+    "torchair.dynamo_export": "exporting graph-engine models (.air / .om) needs Ascend's graph engine",
     "torch_npu.distributed": "torch_npu.distributed's extensions (ParallelStore, uneven collectives)",
     "torch_npu.op_plugin": "op-plugin's meta registrations are npusim.ops.fused's (torchtitan-npu's entry)",
     "torch_npu.asd": "silent-data-corruption detection (MindSpeed's register_asd_hook)",

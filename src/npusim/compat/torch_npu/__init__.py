@@ -46,8 +46,9 @@ STARTUP_DIR = Path(__file__).parent / "startup"
 # - every other attribute raises NotSimulatedError, an AttributeError, naming the call,
 #   so ``hasattr(torch_npu, "npu_rms_norm")`` is False unless the operator is simulated;
 # - ``torch_npu.testing``, ``torch_npu._C`` (raw streams, ``_distributed_c10d``),
-#   ``torch_npu.utils``, ``torch_npu.contrib.transfer_to_npu`` and ``torch_npu._inductor``
-#   are modules in package/; torch_npu's services npusim has no model of
+#   ``torch_npu.utils``, ``torch_npu.contrib.transfer_to_npu``, ``torch_npu._inductor`` and
+#   ``torch_npu.dynamo.torchair`` (also ``import torchair``, as on Ascend: TORCHAIR_ALIAS;
+#   Note [torchair in npusim]) are modules in package/; torch_npu's services npusim has no model of
 #   (:data:`NOT_SIMULATED_MODULES`) fail to import with NotSimulatedModuleError, a
 #   ModuleNotFoundError, naming them. runtime/parity.py lists what frameworks touch and
 #   what of it is provided or refused.
@@ -56,8 +57,6 @@ STARTUP_DIR = Path(__file__).parent / "startup"
 NOT_SIMULATED_MODULES: dict[str, str] = {
     "profiler": "npusim's device tasks appear in torch.profiler (ProfilerActivity.PrivateUse1) instead",
     "optim": "torch_npu's fused optimizers are CANN kernels; use torch.optim (foreach / fused=False)",
-    "dynamo": "torch.compile on the npu uses npusim's inductor backend; torch_npu's graph-engine backends "
-              "(npu, npugraph_ex) are not simulated",
     "onnx": "ONNX export of torch_npu's custom operators is not simulated",
     "op_plugin": "op-plugin's operators are torch.ops.npu.* (npusim.ops.fused), not a torch_npu submodule",
     "asd": "silent-data-corruption detection has no meaning on a simulator",
@@ -99,6 +98,23 @@ ALIASED_MODULES: dict[str, str] = {
 }
 
 
+# torch_npu ships torchair inside itself and makes it importable as ``torchair``: that name and its
+# submodules are aliases of ``torch_npu.dynamo.torchair`` and its submodules (one module object each).
+TORCHAIR_ALIAS = ("torchair", "torch_npu.dynamo.torchair")
+
+
+def _alias_of(fullname: str) -> str | None:
+    """The npusim module ``fullname`` is an alias of, if it is one."""
+    if fullname in ALIASED_MODULES:
+        return ALIASED_MODULES[fullname]
+    name, target = TORCHAIR_ALIAS
+    if fullname == name or fullname.startswith(name + "."):
+        target += fullname[len(name):]
+        # A name torchair has not is not found under either name (its parent is imported by now).
+        return target if importlib.util.find_spec(target) is not None else None
+    return None
+
+
 class _AliasLoader(importlib.abc.Loader):
     """Loads an ALIASED_MODULES name as the npusim module itself (imported under its own name)."""
 
@@ -114,11 +130,13 @@ class _AliasLoader(importlib.abc.Loader):
 
 
 class _Finder(importlib.abc.MetaPathFinder):
-    """Answers ``torch_npu`` (the package in package/), torch_npu's unsimulated subpackages and ALIASED_MODULES."""
+    """Answers ``torch_npu`` (the package in package/), torch_npu's unsimulated subpackages, ALIASED_MODULES
+    and ``torchair`` (TORCHAIR_ALIAS)."""
 
     def find_spec(self, fullname: str, path: Sequence[str] | None, target: Any = None) -> Any:
-        if fullname in ALIASED_MODULES:
-            return importlib.util.spec_from_loader(fullname, _AliasLoader(ALIASED_MODULES[fullname]))
+        alias = _alias_of(fullname)
+        if alias is not None:
+            return importlib.util.spec_from_loader(fullname, _AliasLoader(alias))
         if fullname == "torch_npu":
             init = PACKAGE_DIR / "__init__.py"
             return importlib.util.spec_from_file_location(
@@ -169,7 +187,7 @@ def uninstall() -> None:
     from npusim.compat import transfer_to_npu
 
     transfer_to_npu.uninstall()
-    for name in [n for n in sys.modules if n == "torch_npu" or n.startswith("torch_npu.")]:
+    for name in [n for n in sys.modules if n.split(".")[0] in ("torch_npu", TORCHAIR_ALIAS[0])]:
         del sys.modules[name]
     torch.npu.__dict__.pop("__path__", None)  # set by package/__init__.py for ALIASED_MODULES
     for alias in ALIASED_MODULES:  # the import system made them attributes of their parents

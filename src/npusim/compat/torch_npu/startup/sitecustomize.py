@@ -30,10 +30,11 @@ from typing import Any
 
 
 class _FirstTorchNpuImport(importlib.abc.MetaPathFinder):
-    """On the first ``import torch_npu``: installs npusim's finder and lets it answer."""
+    """On the first ``import torch_npu`` (or ``import torchair``, torch_npu's): installs npusim's
+    finder and lets it answer."""
 
     def find_spec(self, fullname: str, path: Sequence[str] | None, target: Any = None) -> Any:
-        if fullname != "torch_npu":
+        if fullname not in ("torch_npu", "torchair"):
             return None
         sys.meta_path.remove(self)
         from npusim.compat.torch_npu import install_finder
