@@ -6,8 +6,11 @@ caching allocator of the device core (see Note [Caching allocator] in
 ``csrc/runtime/private_pools.cpp``).
 
 The statistics are CUDA's (``allocated_bytes.all.current``, ...): the core's
-``c10::DeviceAllocator::getDeviceStats`` fills them and
-``torch.accelerator.memory_stats`` flattens them, so both report the same.
+``c10::DeviceAllocator::getDeviceStats`` fills them and :func:`memory_stats` flattens
+them as ``torch.accelerator.memory_stats`` does, so both report the same. The functions
+here reach the core through torch's C++ bindings, never through the ``torch.accelerator``
+module: frameworks replace that module with one built from ``torch.npu``'s functions
+(MindSpeed does), which would then call themselves.
 """
 
 from __future__ import annotations
@@ -47,7 +50,20 @@ def _index(device: _device_t) -> int:
 def memory_stats(device: _device_t = None) -> collections.OrderedDict[str, Any]:
     """CUDA's flat statistics (``"<stat>.<all|small_pool|large_pool>.<current|peak|allocated|freed>"``,
     ``num_ooms``, ``num_alloc_retries``, ...)."""
-    return torch.accelerator.memory_stats(_index(device))
+    index = _index(device)
+    if not torch._C._accelerator_isAllocatorInitialized():
+        return collections.OrderedDict()
+    flat: list[tuple[str, Any]] = []
+
+    def flatten(prefix: str, value: Any) -> None:
+        if isinstance(value, dict):
+            for key, inner in value.items():
+                flatten(f"{prefix}.{key}" if prefix else key, inner)
+        else:
+            flat.append((prefix, value))
+
+    flatten("", torch._C._accelerator_getDeviceStats(index))
+    return collections.OrderedDict(sorted(flat))
 
 
 def memory_stats_as_nested_dict(device: _device_t = None) -> dict[str, Any]:
@@ -132,7 +148,7 @@ def set_memory_capacity(nbytes: int | str | None, device: _device_t = None) -> N
 
 def mem_get_info(device: _device_t = None) -> tuple[int, int]:
     """(free, total) bytes: total is the device's capacity, free what the allocator has not reserved."""
-    return torch.accelerator.get_memory_info(_index(device))
+    return torch._C._accelerator_getMemoryInfo(_index(device))
 
 
 def set_per_process_memory_fraction(fraction: float, device: _device_t = None) -> None:
