@@ -50,6 +50,9 @@ def test_roundup_power2_divisions_list_form():
     ("max_split_size_mb:19", "max_split_size_mb: expected at least 20 \\(MiB, the large segment size\\)"),
     ("large_segment_size_mb:40,max_split_size_mb:30", "max_split_size_mb: expected at least 40"),
     ("large_segment_size_mb:10", "large_segment_size_mb: expected more than 10"),
+    ("max_split_size_mb:99999999999999999999", "max_split_size_mb: expected an integer in \\[20, 8796093022207\\]"),
+    ("max_non_split_rounding_mb:8796093022208", "max_non_split_rounding_mb: expected an integer in \\[20, 87960930"),
+    ("large_segment_size_mb:8796093022208", "large_segment_size_mb: expected more than 10 and at most 8796093022207"),
     ("roundup_power2_divisions:3", "roundup_power2_divisions: expected a power of two"),
     ("roundup_power2_divisions:[64:3]", "roundup_power2_divisions: expected powers of two"),
     ("expandable_segments:true", "expandable_segments: expected True or False"),
@@ -109,6 +112,31 @@ def test_conf_is_read_when_the_allocator_initialises():
     result = run_python(code, env={"PYTORCH_NPU_ALLOC_CONF": "max_split_size:5"})
     assert result.returncode == 0, result.stderr
     assert result.stdout.count("PYTORCH_NPU_ALLOC_CONF: expected comma-separated key:value") == 2, result.stdout
+
+
+def test_size_too_large_for_the_allocator_is_an_error_naming_the_key():
+    """A size key whose bytes do not fit the allocator's 64 bits fails the first allocation with a ValueError
+    naming the variable, the key and its range (not the binding's argument types); the largest one is held."""
+    code = """
+        import torch, npusim
+        try:
+            torch.empty(8, device="npu")
+        except ValueError as e:
+            print(e)
+    """
+    result = run_python(code, env={"PYTORCH_NPU_ALLOC_CONF": "max_split_size_mb:99999999999999999999"})
+    assert result.returncode == 0, result.stderr
+    assert result.stdout.strip() == ("PYTORCH_NPU_ALLOC_CONF max_split_size_mb: expected an integer in "
+                                     "[20, 8796093022207] (MiB; the most whose byte count fits in 64 bits), "
+                                     "got '99999999999999999999'")
+    code = """
+        import torch, npusim
+        torch.empty(8, device="npu")
+        print(torch.npu.memory._snapshot()["allocator_settings"]["max_split_size"])
+    """
+    result = run_python(code, env={"PYTORCH_NPU_ALLOC_CONF": "max_split_size_mb:8796093022207"})
+    assert result.returncode == 0, result.stderr
+    assert int(result.stdout) == 8796093022207 * MIB
 
 
 def test_fraction_key_and_pytorch_alloc_conf():

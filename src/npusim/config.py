@@ -217,6 +217,8 @@ ALLOC_CONF_RUNTIME_KEYS = frozenset((
 ))
 _MIB = 1 << 20
 _DIVISION_INTERVALS = 16  # [1, 2) MiB, [2, 4) MiB, ..., >= 32 GiB
+# The allocator takes sizes in bytes as signed 64-bit integers: the most MiB a size key may give.
+_MAX_SIZE_MB = ((1 << 63) - 1) // _MIB
 
 
 def _true_false(value: str, label: str) -> bool:
@@ -328,8 +330,8 @@ def parse_alloc_conf(text: str, base: AllocConf | None = None, name: str = "PYTO
     # The large segment size first: the two split sizes may not be below it.
     if "large_segment_size_mb" in settings:
         mb = settings["large_segment_size_mb"]
-        if mb <= 10:
-            raise fail(f"{name} large_segment_size_mb", "more than 10 (MiB)", str(mb))
+        if not 10 < mb <= _MAX_SIZE_MB:
+            raise fail(f"{name} large_segment_size_mb", f"more than 10 and at most {_MAX_SIZE_MB} (MiB)", str(mb))
         conf = conf._replace(large_segment_size=mb * _MIB, max_non_split_rounding=None)
     for key in ("max_split_size_mb", "max_non_split_rounding_mb"):
         if key in settings:
@@ -337,6 +339,9 @@ def parse_alloc_conf(text: str, base: AllocConf | None = None, name: str = "PYTO
             if mb * _MIB < conf.large_segment_size:
                 raise fail(f"{name} {key}", f"at least {conf.large_segment_size // _MIB} (MiB, the large segment "
                            "size)", str(mb))
+            if mb > _MAX_SIZE_MB:
+                raise fail(f"{name} {key}", f"an integer in [{conf.large_segment_size // _MIB}, {_MAX_SIZE_MB}] "
+                           "(MiB; the most whose byte count fits in 64 bits)", str(mb))
             field = "max_split_size" if key == "max_split_size_mb" else "max_non_split_rounding"
             conf = conf._replace(**{field: mb * _MIB})
     for key, field in (("garbage_collection_threshold", "garbage_collection_threshold"),
