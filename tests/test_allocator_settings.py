@@ -55,6 +55,8 @@ def test_roundup_power2_divisions_list_form():
     ("large_segment_size_mb:8796093022208", "large_segment_size_mb: expected more than 10 and at most 8796093022207"),
     ("roundup_power2_divisions:3", "roundup_power2_divisions: expected a power of two"),
     ("roundup_power2_divisions:[64:3]", "roundup_power2_divisions: expected powers of two"),
+    ("roundup_power2_divisions:[64:36893488147419103232]", "roundup_power2_divisions: expected powers of two up to "
+     "4611686018427387904"),
     ("expandable_segments:true", "expandable_segments: expected True or False"),
     ("base_addr_aligned_kb:17", "base_addr_aligned_kb: expected an integer in \\[0, 16\\]"),
     ("segment_size_mb:8", "segment_size_mb: expected an integer in \\[20, 512\\]"),

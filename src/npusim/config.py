@@ -219,6 +219,7 @@ _MIB = 1 << 20
 _DIVISION_INTERVALS = 16  # [1, 2) MiB, [2, 4) MiB, ..., >= 32 GiB
 # The allocator takes sizes in bytes as signed 64-bit integers: the most MiB a size key may give.
 _MAX_SIZE_MB = ((1 << 63) - 1) // _MIB
+_MAX_DIVISIONS = 1 << 62
 
 
 def _true_false(value: str, label: str) -> bool:
@@ -240,6 +241,8 @@ def _divisions(value: str, label: str) -> tuple[int, ...]:
         count = _size_t(text, label)
         if count & (count - 1) or (count == 0 and not zero):
             raise fail(label, "powers of two (0 turns an interval off)" if zero else "a power of two", value)
+        if count > _MAX_DIVISIONS:  # the allocator takes signed 64-bit counts
+            raise fail(label, f"powers of two up to {_MAX_DIVISIONS}", value)
         return count
 
     text = value.strip()
