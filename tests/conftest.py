@@ -12,6 +12,7 @@ import torch
 import npusim
 from _allocator_util import DEVICE
 from npusim import config as npusim_config
+from npusim.testing.device_failures import clear_device_failures
 
 
 def pytest_configure(config: pytest.Config) -> None:
@@ -37,11 +38,22 @@ def set_launch_blocking() -> Iterator[Callable[[bool], None]]:
     npusim.runtime.acl.set_launch_blocking(npusim_config.launch_blocking())
 
 
+@pytest.fixture
+def device_failure() -> Iterator[None]:
+    """For a test that fails a device on purpose (an error inside queued work): the failure is sticky for the
+    process (Note [Sticky device errors]), so it is forgotten after the test, as a new process would start."""
+    yield
+    clear_device_failures()
+
+
 @pytest.fixture(autouse=True)
 def clean_device_state():
     npusim.set_profile()
     npusim.timing.set()
     yield
+    left = clear_device_failures()
+    if left:  # forgotten all the same, so that the tests after this one run on working devices
+        pytest.fail(f"the test left a device failed without the device_failure fixture: {left}")
     for index in range(torch.npu.device_count()):
         torch.npu.synchronize(index)
         torch.npu.set_memory_capacity(None, index)

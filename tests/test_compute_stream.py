@@ -1,5 +1,6 @@
 """Compute ops are stream tasks: the host runs ahead of the device, what it must see synchronizes, a failed
-task fails its stream until the next synchronize reports it, and NPUSIM_LAUNCH_BLOCKING=1 waits for each op."""
+task fails its device for good (every later launch and synchronizing call raises its error, in every thread), and
+NPUSIM_LAUNCH_BLOCKING=1 waits for each op."""
 
 from __future__ import annotations
 
@@ -7,6 +8,7 @@ import os
 import subprocess
 import sys
 import textwrap
+import threading
 import time
 
 import pytest
@@ -14,6 +16,7 @@ import torch
 
 import npusim
 from npusim.runtime import acl
+from npusim.testing.device_failures import clear_device_failures
 
 pytestmark = pytest.mark.asynchronous
 
@@ -151,46 +154,96 @@ def test_what_the_host_changes_after_a_launch_is_not_seen_by_the_task():
     torch.testing.assert_close(w.cpu(), ref.exp())
 
 
-def test_a_failed_task_fails_its_stream_until_the_next_synchronize_reports_it():
-    """An error inside a queued op surfaces at the next synchronize naming the op and the stream; the
-    stream's later work is skipped (nothing runs on bad data); afterwards the stream runs again."""
+def test_a_failed_task_fails_its_device_for_every_later_call(device_failure):
+    """An error inside a queued op surfaces at the next synchronize naming the op and the stream; the device's
+    later work is skipped (nothing runs on bad data), and the failure is sticky as on CUDA: a second synchronize,
+    a launch, a host read, Stream.query and Event.query all raise the same first error."""
     x, z = torch.ones(10, device="npu"), torch.zeros(10, device="npu")
     bad = torch.tensor([0, 20], device="npu")
+    event = torch.npu.Event()
     _hold_stream()
     x.index_select(0, bad)  # index 20 is out of range: fails on the stream
     z.add_(1)  # later work of the stream
     z.mul_(5)
-    message = rf"npusim: asynchronous work on {STREAM0}: aten::index_select failed: .*out of range.* \(2 later task"
-    with pytest.raises(RuntimeError, match=message):
+    first = rf"npusim: asynchronous work on {STREAM0}: aten::index_select failed: .*out of range.*"
+    with pytest.raises(RuntimeError, match=first + r" \(2 later task\(s\) on npu:0 were skipped\)"):
         torch.npu.synchronize()
-    assert z.cpu().eq(0).all()  # nothing after the failure ran
+    with pytest.raises(RuntimeError, match=first + r"stays failed.*\(this call: synchronize\)"):
+        torch.npu.synchronize()  # the second caller gets the same error
+    with pytest.raises(RuntimeError, match=first + r".*\(this call: aten::add_.Tensor\)"):
+        z.add_(1)  # a launch
+    with pytest.raises(RuntimeError, match=first):
+        z.sum().item()
+    with pytest.raises(RuntimeError, match=first + r".*\(this call: Stream.query\)"):
+        torch.npu.current_stream().query()
+    with pytest.raises(RuntimeError, match=first + r".*\(this call: event_record\)"):
+        event.record()
+    with torch.npu.device(1):  # other devices work on
+        assert torch.ones(3, device="npu:1").add(1).sum().item() == 6
+    forgotten = clear_device_failures()  # a test harness's reset; a user starts a new process
+    assert list(forgotten) == [0] and "aten::index_select failed" in forgotten[0]
+    assert z.cpu().eq(0).all()  # nothing after the failure ran, and skipped work stays skipped
     z.add_(1)
     assert z.cpu().eq(1).all()
 
 
-def test_host_reads_and_events_report_a_failure():
-    """.item() raises the stream's failure; an event recorded after it carries it, and a stream waiting for
-    that event fails in turn."""
-    x, w = torch.ones(10, device="npu"), torch.zeros(10, device="npu")
+def test_a_failure_is_raised_in_every_thread_and_no_skipped_value_is_read(device_failure):
+    """Two threads share npu:0's default stream: thread A's queued gather fails, thread B's later sum is skipped.
+    A's synchronize raises; B's .item() must raise the same error, not return what the skipped sum never wrote
+    (it returned 0.0 while the error was cleared once raised)."""
+    x = torch.randn(64, device="npu")
+    index = torch.tensor([100], device="npu")
+    a_launched, b_launched, a_synchronized = threading.Event(), threading.Event(), threading.Event()
+    seen: dict[str, str | float] = {}
+
+    def thread_a() -> None:
+        _hold_stream()
+        torch.gather(x, 0, index)  # out of bounds: fails on the stream
+        a_launched.set()
+        b_launched.wait(10)
+        try:
+            torch.npu.synchronize()
+        except RuntimeError as error:
+            seen["a"] = str(error)
+        a_synchronized.set()
+
+    def thread_b() -> None:
+        a_launched.wait(10)
+        total = (x * 2).sum()  # queued behind the failing gather: skipped
+        b_launched.set()
+        a_synchronized.wait(10)
+        try:
+            seen["b"] = total.item()
+        except RuntimeError as error:
+            seen["b"] = str(error)
+
+    threads = [threading.Thread(target=thread_a), threading.Thread(target=thread_b)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join(30)
+    assert "aten::gather failed: index 100 is out of bounds" in str(seen.get("a")), seen
+    assert "aten::gather failed: index 100 is out of bounds" in str(seen.get("b")), seen
+
+
+def test_events_carry_a_failure_to_another_device(device_failure):
+    """An event recorded behind a failed op carries the failure: a stream of another device that waits for it
+    fails its own device in turn (its later work skipped), and Event.synchronize raises."""
+    x, w = torch.ones(10, device="npu"), torch.zeros(10, device="npu:1")
     bad = torch.tensor([30], device="npu")
     _hold_stream()
     x.index_select(0, bad)
-    with pytest.raises(RuntimeError, match="aten::index_select failed"):
-        x.sum().item()
-    side = torch.npu.Stream()
-    _hold_stream()
-    x.index_select(0, bad)
     event = torch.npu.Event()
-    event.record()
-    side.wait_event(event)
-    with torch.npu.stream(side):
+    event.record()  # queued behind the failing op: completes, carrying the failure
+    other = torch.npu.Stream(device=1)
+    other.wait_event(event)
+    with torch.npu.stream(other):
         w.add_(1)
-    with pytest.raises(RuntimeError, match="event synchronize: the event was recorded on npu:0 after"):
+    with pytest.raises(RuntimeError, match=r"aten::index_select failed.*\(this call: Event.synchronize\)"):
         event.synchronize()
-    with pytest.raises(RuntimeError, match=r"stream \d+: wait_event failed: .*aten::index_select failed"):
-        side.synchronize()
-    with pytest.raises(RuntimeError, match="aten::index_select failed"):
-        torch.npu.current_stream().synchronize()
+    with pytest.raises(RuntimeError, match=r"npu:1 stream \d+: wait_event failed: .*aten::index_select failed"):
+        other.synchronize()
+    assert set(clear_device_failures()) == {0, 1}
     assert w.cpu().eq(0).all()
 
 

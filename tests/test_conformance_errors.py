@@ -35,7 +35,7 @@ def test_copy_into_expanded_destination_raises_at_call_time(direction, non_block
     assert dst.cpu().eq(0).all()
 
 
-def test_asynchronous_failure_names_stream_and_op_without_backtrace():
+def test_asynchronous_failure_names_stream_and_op_without_backtrace(device_failure):
     """A copy task that fails on the stream reports the op and the stream, and only the message."""
     numel = 128 * 1024  # over the 64 KiB that the caller copies itself (Note [Work on an idle stream])
     dst = torch.empty(numel, dtype=torch.bits8, device="npu")

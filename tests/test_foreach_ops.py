@@ -160,7 +160,7 @@ def test_scalar_lists_of_new_values_reuse_the_cached_output_metadata():
 
 
 @pytest.mark.asynchronous  # counts the tasks a call enqueues
-def test_a_failing_foreach_task_is_reported_at_the_next_synchronize():
+def test_a_failing_foreach_task_is_reported_at_the_next_synchronize(device_failure):
     """pow's Meta kernel does not check a negative integer exponent, so the launch succeeds and CPU's
     kernel raises on the stream: the next synchronize names the op and the stream, as CUDA reports a
     failed kernel."""
@@ -170,7 +170,8 @@ def test_a_failing_foreach_task_is_reported_at_the_next_synchronize():
     with pytest.raises(RuntimeError, match=r"npu:0 stream 0 \(default\): aten::_foreach_pow.ScalarList failed: "
                                            r"Integers to negative integer powers are not allowed"):
         torch.npu.synchronize()
-    torch.npu.synchronize()  # reported once
+    with pytest.raises(RuntimeError, match=r"aten::_foreach_pow.ScalarList failed: .*stays failed"):
+        torch.npu.synchronize()  # sticky: Note [Sticky device errors]
 
 
 def test_foreach_adamw_step_is_cpus_bit_for_bit():

@@ -60,6 +60,7 @@ def apply_settings() -> None:
     physical = config.device_count(acl.DEFAULT_DEVICE_COUNT, acl.MAX_DEVICES)
     acl.set_device_count(len(config.visible_devices(physical)))
     acl.set_launch_blocking(config.launch_blocking())
+    acl.set_max_pending_launches(config.max_pending_launches())
     margin = config.host_memory_margin()
     acl.set_host_memory_margin(-1 if margin is None else margin)
     # PYTORCH_NPU_ALLOC_CONF is read when the allocator initialises, not now (Note [Allocator settings]).
@@ -183,21 +184,24 @@ def _drain_at_exit() -> None:
 
 
 # Note [Failures found at exit]
-# Asynchronous work that failed surfaces at the stream's next synchronize. When
+# Asynchronous work that failed surfaces at the device's next synchronize. When
 # nothing synchronized after it (a rank issues a collective, its peer dies, the
 # script ends), the first synchronize is the one at exit, and its error used to
 # end the run with "Exception ignored in atexit callback" and a traceback of
 # npusim's exit handler, which says nothing about the failure's cause. No caller
-# is left to handle it then, so it is reported as what it is, one line per
-# failed stream, and the exit goes on.
+# is left to handle it then, so the wait at exit never raises: it waits for the
+# work queued before exit began (Note [Launches at exit] in
+# csrc/runtime/stream.cpp), then reports each failed device on one line (a
+# failure is sticky, Note [Sticky device errors]: once per device, however many
+# exit handlers drain), and the exit goes on.
 #
 # An exit because of Ctrl-C (KeyboardInterrupt, possibly out of an interrupted
 # host wait: Note [Interruptible host waits] in csrc/runtime/host_wait.h) waits for the
 # streams at most INTERRUPTED_EXIT_WAIT_S: the user asked to stop, and the work
 # the wait was for may take minutes (a stalled collective). What is still
 # queued then is left to the stream workers, which the process's exit ends.
-_MAX_FAILED_STREAMS = 64  # each synchronize raises one stream's error; a bound, never reached in practice
-INTERRUPTED_EXIT_WAIT_S = 1.0
+INTERRUPTED_EXIT_WAIT_S = 0.5
+_reported_at_exit: set[int] = set()  # devices whose failure was reported at exit
 
 
 def exiting_on_interrupt() -> bool:
@@ -206,38 +210,24 @@ def exiting_on_interrupt() -> bool:
 
 
 def synchronize_all_at_exit() -> None:
-    """Waits for every stream of every device at interpreter exit; work that failed and was never
-    waited for is reported on stderr, one line each, instead of raising. After a Ctrl-C the wait is
-    bounded. See Note [Failures found at exit]."""
+    """Waits at interpreter exit for the work every stream had queued when exit began, never raising;
+    a failed device is reported on stderr, one line each, and after a Ctrl-C the wait is bounded. From
+    then on other threads' launches are dropped. See Note [Failures found at exit]."""
     from npusim.runtime import acl
 
     if acl.in_bad_fork():
         return  # a forked child: the parent's streams are not ours to drain
-    if exiting_on_interrupt():
-        _wait_for_streams_until(time.monotonic() + INTERRUPTED_EXIT_WAIT_S)
-        return
-    for _ in range(_MAX_FAILED_STREAMS):
-        try:
-            acl.synchronize_all()
-            return
-        except RuntimeError as error:  # the stream's error is cleared once raised: go on with the others
-            print(f"npusim: at exit, work that was never waited for had failed: {error}", file=sys.stderr,
-                  flush=True)
-        except KeyboardInterrupt:  # a Ctrl-C during the wait at exit: stop waiting
-            return
-
-
-def _wait_for_streams_until(deadline: float) -> None:
-    from npusim.runtime import acl
-
+    acl.begin_exit()
+    try:
+        drained = acl.drain_streams(INTERRUPTED_EXIT_WAIT_S if exiting_on_interrupt() else -1.0)
+    except KeyboardInterrupt:  # a Ctrl-C during the wait at exit: stop waiting
+        drained = False
+    if not drained:
+        print("npusim: interrupted; not waiting for the work still queued on the npu", file=sys.stderr, flush=True)
     for device in range(acl.device_count()):
-        for stream_id in range(acl.STREAMS_PER_DEVICE):
-            if acl.stream_pending(stream_id, device) == 0:
-                continue
-            try:
-                acl.synchronize_stream(stream_id, device, max(deadline - time.monotonic(), 0.0))
-            except (RuntimeError, KeyboardInterrupt):
-                print(f"npusim: interrupted; not waiting for the work still queued on npu:{device}", file=sys.stderr,
-                      flush=True)
-                return
+        failure = acl.device_failure(device)
+        if failure and device not in _reported_at_exit:
+            _reported_at_exit.add(device)
+            print(f"npusim: at exit, npu:{device} had failed: asynchronous work on {failure}", file=sys.stderr,
+                  flush=True)
 

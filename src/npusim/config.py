@@ -47,6 +47,8 @@ VARIABLES: dict[str, Variable] = {v.name: v for v in (
     Variable("NPUSIM_TIMING", "", "timing model, e.g. copy_gbps=2,launch_us=20,link_gbps=1,compute=1 (default off)"),
     Variable("NPUSIM_FOREACH_COPY_MODE", "aligned", "aligned or legacy (the _foreach_copy_ kernel before the change)"),
     Variable("NPUSIM_LAUNCH_BLOCKING", "0", "1: every device task completes before its launch returns"),
+    Variable("NPUSIM_MAX_PENDING_LAUNCHES", "1024",
+             "launches a stream may have pending before the next one waits (like CUDA's launch queue)"),
     Variable("NPUSIM_SANITIZER", "0", "1: report stream races (npusim.sanitizer), like TORCH_CUDA_SANITIZER"),
     Variable("NPUSIM_BUILD_DIR", "", "where the C++ core is built and cached"),
     Variable("NPUSIM_BUILD_VERBOSE", "0", "1: show the compiler's output while building"),
@@ -381,6 +383,11 @@ def visible_devices(physical: int) -> list[int]:
 def launch_blocking() -> bool:
     """``NPUSIM_LAUNCH_BLOCKING``."""
     return parse_bool(env("NPUSIM_LAUNCH_BLOCKING"), "NPUSIM_LAUNCH_BLOCKING")
+
+
+def max_pending_launches() -> int:
+    """``NPUSIM_MAX_PENDING_LAUNCHES``: the launch queue's bound (Note [Bounded launch queue])."""
+    return parse_int(env("NPUSIM_MAX_PENDING_LAUNCHES"), "NPUSIM_MAX_PENDING_LAUNCHES", low=1, high=1 << 30)
 
 
 def alloc_conf() -> AllocConf:

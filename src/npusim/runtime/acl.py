@@ -31,6 +31,18 @@ register_device: Callable[[], None] = C.register_device
 # Routes once (later calls return the first result): {"aten::add.Tensor": "unboxed", "boxed" or "foreach", ...}.
 route_structured_ops_to_fallback: Callable[[list[str]], dict[str, str]] = C.route_structured_ops_to_fallback
 set_launch_blocking: Callable[[bool], None] = C.set_launch_blocking
+# The launch queue's bound per stream (Note [Bounded launch queue]).
+set_max_pending_launches: Callable[[int], None] = C.set_max_pending_launches
+max_pending_launches: Callable[[], int] = C.max_pending_launches
+# A device's first asynchronous failure, "" if none (Note [Sticky device errors]); forgetting it is for
+# test harnesses only (npusim.testing.clear_device_failures).
+device_failure: Callable[[int], str] = C.device_failure
+clear_device_failure: Callable[[int], None] = C.clear_device_failure
+# Interpreter exit (Note [Launches at exit]): from begin_exit on, other threads' launches are dropped.
+begin_exit: Callable[[], None] = C.begin_exit
+launches_dropped_at_exit: Callable[[], int] = C.launches_dropped_at_exit
+# Waits for every stream without raising; False at the timeout (timeout_s < 0: no limit).
+drain_streams: Callable[[float], bool] = C.drain_streams
 # True in a child forked after the npu was used (its device calls raise).
 in_bad_fork: Callable[[], bool] = C.in_bad_fork
 

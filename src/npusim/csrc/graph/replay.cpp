@@ -165,18 +165,25 @@ void enqueue_replay(const std::shared_ptr<const CapturedGraph>& graph, NpuStream
     replay_lane_stream(graph->device, l).enqueue_joined(
         [graph, run, l] { run_lane(graph->lanes[l], *run); }, "graph_replay_lane");
   }
-  stream.enqueue([graph, run, prologue = std::move(prologue)] {
-    try {
-      for (const auto& fn : prologue) {
-        fn();
+  try {
+    stream.enqueue([graph, run, prologue = std::move(prologue)] {
+      try {
+        for (const auto& fn : prologue) {
+          fn();
+        }
+      } catch (const std::exception& e) {
+        run->fail(e.what());
       }
-    } catch (const std::exception& e) {
-      run->fail(e.what());
-    }
-    run_lane(graph->lanes[0], *run);
-    const std::string error = run->error();
-    TORCH_CHECK(error.empty(), error);
-  }, 0.0, "graph_replay");
+      run_lane(graph->lanes[0], *run);
+      const std::string error = run->error();
+      TORCH_CHECK(error.empty(), error);
+    }, 0.0, "graph_replay");
+  } catch (...) {
+    // The origin's launch was refused (a failed device, an interrupted wait
+    // for a launch slot): the side lanes already queued must not wait for it.
+    run->fail("the replay's launch on " + stream.name() + " was refused");
+    throw;
+  }
 }
 
 }  // namespace npusim

@@ -41,6 +41,15 @@ void check_python_signals() {
   }
 }
 
+// What a thread stopped at exit runs before it sleeps for good (Note [Launches
+// at exit]): it gives the GIL up, so that finalization can take it, and never
+// takes it back.
+void release_the_gil_for_good() {
+  if (Py_IsInitialized() && PyGILState_Check() != 0) {
+    PyEval_SaveThread();
+  }
+}
+
 // The table behind core_api(); see core_api.h for why it exists.
 const npusim::CoreApi& core_api_table() {
   static const npusim::CoreApi table{
@@ -115,6 +124,7 @@ void init_runtime_bindings(py::module& m) {
   using release = py::call_guard<py::gil_scoped_release>;
 
   set_host_wait_interrupt(&check_python_signals);  // Note [Interruptible host waits]
+  npusim::set_thread_stop_hook(&release_the_gil_for_good);  // Note [Launches at exit]
 
   m.def("core_api", [] {
     return py::capsule(static_cast<const void*>(&core_api_table()), npusim::kCoreApiCapsule);
@@ -131,6 +141,20 @@ void init_runtime_bindings(py::module& m) {
   m.def("current_device", [] { return static_cast<int>(npusim::current_device()); });
   m.def("set_device", [](int i) { npusim::set_current_device(static_cast<c10::DeviceIndex>(i)); });
   m.def("set_launch_blocking", &npusim::set_launch_blocking);
+  m.def("set_max_pending_launches", &npusim::set_max_pending_launches);
+  m.def("max_pending_launches", &npusim::max_pending_launches);
+  // Note [Sticky device errors]
+  m.def("device_failure", [](int device) {
+    npusim::check_device_index(device, "device_failure");
+    return npusim::device_failure(static_cast<c10::DeviceIndex>(device));
+  });
+  m.def("clear_device_failure", [](int device) {
+    npusim::clear_device_failure(static_cast<c10::DeviceIndex>(device));
+  });
+  // Note [Launches at exit]
+  m.def("begin_exit", &npusim::begin_exit);
+  m.def("launches_dropped_at_exit", &npusim::launches_dropped_at_exit);
+  m.def("drain_streams", &npusim::drain_streams, py::arg("timeout_s") = -1.0, release());
   m.def("in_bad_fork", &npusim::in_bad_fork);
 
   // streams

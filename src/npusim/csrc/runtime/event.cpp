@@ -129,6 +129,9 @@ bool event_query(const NpuEvent& event) {
     refuse_captured_event(*record, "Event.query");
   }
   refuse_unsafe_call_during_capture("Event.query", nullptr);
+  if (event.device >= 0 && device_failed(event.device)) {
+    raise_device_failure(event.device, "Event.query");  // Note [Sticky device errors]
+  }
   if (!record) {
     return true;
   }
@@ -145,10 +148,13 @@ void event_synchronize(const NpuEvent& event) {
   if (!record) {
     return;
   }
-  std::unique_lock<std::mutex> lock(record->mutex);
-  wait_on_host(record->cv, lock, -1.0, [&] { return record->done; });  // Note [Interruptible host waits]
-  TORCH_CHECK(record->error.empty(), "npusim: event synchronize: the event was recorded on npu:",
-      static_cast<int>(event.device), " after asynchronous work failed: ", record->error);
+  {
+    std::unique_lock<std::mutex> lock(record->mutex);
+    wait_on_host(record->cv, lock, -1.0, [&] { return record->done; });  // Note [Interruptible host waits]
+  }
+  if (device_failed(event.device)) {
+    raise_device_failure(event.device, "Event.synchronize");  // Note [Sticky device errors]
+  }
 }
 
 double event_elapsed_ms(const NpuEvent& start, const NpuEvent& end) {

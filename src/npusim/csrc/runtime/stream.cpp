@@ -181,11 +181,251 @@ bool spin_until(Done done, std::chrono::steady_clock::duration budget) {
 }
 }  // namespace
 
+// Note [Errors of asynchronous work]
+// A task that throws (a CPU kernel's error, an out-of-memory inside a
+// kernel) fails its device, as a device-side error does on CUDA: the host is
+// long gone, so the error is kept (Note [Sticky device errors]), and every
+// later work task on the device's streams is skipped, never run on what the
+// failed task should have produced. It still counts as completed, so waits
+// return. The failure is raised, naming the stream, the failed op and how
+// many tasks were skipped, by every later call that synchronizes with the
+// device: synchronize (stream, device, all), Stream.query, Event.query and
+// Event.synchronize, a host read (.item(), .cpu(), a blocking copy), any op
+// that must run on the host (wait_current_stream_idle); and by every later
+// launch on the device. Signals already queued still run
+// (TaskKind::kSignal): an event record completes but carries the failure, a
+// stream of another device that waits for such an event fails its own
+// device in turn (the failure follows the dependency, as a CUDA error
+// follows the work that depends on it), and a collective's hand-off still
+// lets its comm stream go (the peers would wait for this rank forever).
+//
+// Note [Sticky device errors]
+// On CUDA an error inside device work (an illegal address, a device-side
+// assert) is sticky: the context is unusable from then on, and every later
+// launch and synchronizing call on the device returns that first error, in
+// every thread of the process. npu does the same. Until issue 39 a failure
+// was cleared once it had been raised, so with two threads on one stream
+// the first thread's synchronize consumed the error and the second thread's
+// .item() then read a value that the failed stream had never computed, with
+// no error: a silently wrong result. Now the first error of a device is
+// kept until the process ends; a second caller of torch.npu.synchronize()
+// raises the same error as the first (the count of skipped tasks may have
+// grown), and nothing computed from skipped work can be read, since every
+// read synchronizes. What does not touch the device's streams still works:
+// allocations, frees, tensor metadata, other devices. How a user recovers
+// is CUDA's answer too: save what the host holds, end the process and
+// start a new one (an elastic launcher such as torchrun restarts the ranks).
+// Test harnesses that check errors one after another in one process (the
+// suite's tests, the conformance sweep, the fuzzer) forget a failure with
+// clear_device_failure (npusim.testing.clear_device_failures), which no
+// real device offers; work skipped before that stays skipped.
+
+namespace {
+
+struct DeviceFailure {
+  std::atomic<bool> failed{false};
+  std::atomic<uint64_t> skipped{0};  // work tasks skipped since the failure
+  std::mutex mutex;
+  std::string error;  // the first failure: "<stream>: <op> failed: <message>" (guarded by mutex)
+};
+
+std::array<DeviceFailure, kMaxDevices>& device_failures() {
+  static auto& failures = *new std::array<DeviceFailure, kMaxDevices>();  // leaked: workers outlive statics
+  return failures;
+}
+
+void count_skipped(c10::DeviceIndex device) {
+  device_failures()[device].skipped.fetch_add(1, std::memory_order_relaxed);
+}
+
+}  // namespace
+
+bool device_failed(c10::DeviceIndex device) {
+  return device_failures()[device].failed.load(std::memory_order_acquire);
+}
+
+std::string device_failure(c10::DeviceIndex device) {
+  DeviceFailure& f = device_failures()[device];
+  std::lock_guard<std::mutex> lock(f.mutex);
+  return f.error;
+}
+
+void raise_device_failure(c10::DeviceIndex device, const char* call) {
+  DeviceFailure& f = device_failures()[device];
+  const uint64_t skipped = f.skipped.load(std::memory_order_relaxed);
+  TORCH_CHECK(false, "npusim: asynchronous work on ", device_failure(device),
+      skipped > 0 ? c10::str(" (", skipped, " later task(s) on npu:", static_cast<int>(device), " were skipped)")
+                  : std::string(),
+      ". npu:", static_cast<int>(device), " stays failed, as a CUDA device does after a device-side error: "
+      "every later launch and synchronizing call on it raises this error, in every thread (this call: ", call,
+      "); start a new process to use the device again (Note [Sticky device errors])");
+}
+
+void clear_device_failure(c10::DeviceIndex device) {
+  check_device_index(device, "clear_device_failure");
+  DeviceFailure& f = device_failures()[device];
+  std::lock_guard<std::mutex> lock(f.mutex);
+  f.error.clear();
+  f.skipped.store(0, std::memory_order_relaxed);
+  f.failed.store(false, std::memory_order_release);
+}
+
+void NpuStream::fail(const std::string& message) {
+  DeviceFailure& f = device_failures()[device_];
+  std::lock_guard<std::mutex> lock(f.mutex);
+  if (f.error.empty()) {
+    f.error = name() + ": " + message;
+    f.failed.store(true, std::memory_order_release);
+  }
+}
+
+void NpuStream::record_error(const char* op, const char* message) {
+  fail(std::string(op != nullptr ? op : "a task") + " failed: " + message);
+}
+
+void NpuStream::raise_pending_error() {
+  if (failed()) {
+    raise_device_failure(device_, "synchronize");
+  }
+}
+
+// Note [Bounded launch queue]
+// A CUDA stream's launch queue is finite: once about a thousand launches are
+// pending, the next launch blocks the host until the device has made room.
+// Users rely on it: a training loop cannot run more than a few steps ahead of
+// the device, so memory held by pending work, the latency of the next
+// synchronize and the time Ctrl-C takes all stay bounded. Without a bound a
+// loop ran 432 steps ahead of the device in 3 s, and its next synchronize
+// took 114 s (issue 39). So a host thread that finds max_pending_launches()
+// tasks pending on a stream waits in its launch until the stream has fewer:
+// 1024 by default, NPUSIM_MAX_PENDING_LAUNCHES to change it. The wait is a
+// host wait (Note [Interruptible host waits]): Ctrl-C ends it with
+// KeyboardInterrupt, and the launch it interrupts enqueues nothing. A stream
+// worker never waits here (it may be the one that must make room), nor do
+// launches under capture (they are recorded, not queued) or the joined side
+// lanes of a replay (their origin task, enqueued right after, waits for
+// them). With several host threads on one stream the bound is per thread's
+// check, so it may be passed by one launch per thread.
+
+namespace {
+std::atomic<uint64_t> g_max_pending_launches{kDefaultMaxPendingLaunches};
+}  // namespace
+
+void set_max_pending_launches(uint64_t count) {
+  TORCH_CHECK(count >= 1, "npusim: the launch queue bound must be at least 1, got ", count);
+  g_max_pending_launches.store(count, std::memory_order_relaxed);
+}
+
+uint64_t max_pending_launches() {
+  return g_max_pending_launches.load(std::memory_order_relaxed);
+}
+
+void NpuStream::wait_for_launch_slot() {
+  const uint64_t limit = g_max_pending_launches.load(std::memory_order_relaxed);
+  const uint64_t enqueued = enqueued_.load(std::memory_order_acquire);
+  if (enqueued - completed_.load(std::memory_order_acquire) < limit || on_stream_worker()) {
+    return;
+  }
+  wait_completed(enqueued - limit + 1, -1.0);  // then limit - 1 are pending at most
+}
+
+// Note [Launches at exit]
+// At interpreter exit (Python's atexit, after the non-daemon threads have
+// been joined) npusim waits for the work queued before exit began; a daemon
+// thread that goes on launching would make that wait endless and, once the
+// interpreter finalizes, the thread dies inside a C++ frame when it takes
+// the GIL back, which aborts the process ("terminate called without an
+// active exception"). So begin_exit marks the process exiting, and from
+// then on a launch from any thread but the exiting one and the stream
+// workers is dropped: never queued, its thread stopped for good in that
+// launch (the GIL released first, by the hook the Python bindings install),
+// so that it can neither read what its dropped work would have produced nor
+// take the GIL during finalization. The first such launch prints one line;
+// the process then exits when the drain is over, and its exit ends the
+// stopped threads, as it ends daemon threads anyway.
+
+namespace {
+std::atomic<bool> g_exiting{false};
+std::thread::id g_exit_thread;  // written before g_exiting is set
+std::atomic<uint64_t> g_dropped_at_exit{0};
+std::atomic<ThreadStopHook> g_thread_stop_hook{nullptr};
+
+// True when this launch must not run (Note [Launches at exit]); then never returns.
+bool dropped_at_exit() {
+  if (!g_exiting.load(std::memory_order_acquire) || std::this_thread::get_id() == g_exit_thread ||
+      on_stream_worker()) {
+    return false;
+  }
+  if (g_dropped_at_exit.fetch_add(1, std::memory_order_acq_rel) == 0) {
+    std::fputs("npusim: the process is exiting: a thread still launching npu work (a daemon thread?) was "
+        "stopped at its launch, and what it launched after exit began is dropped\n", stderr);
+    std::fflush(stderr);
+  }
+  if (const ThreadStopHook hook = g_thread_stop_hook.load(std::memory_order_acquire)) {
+    hook();
+  }
+  for (;;) {
+    std::this_thread::sleep_for(std::chrono::hours(1));
+  }
+}
+}  // namespace
+
+void set_thread_stop_hook(ThreadStopHook hook) {
+  g_thread_stop_hook.store(hook, std::memory_order_release);
+}
+
+void begin_exit() {
+  if (g_exiting.load(std::memory_order_acquire)) {
+    return;
+  }
+  g_exit_thread = std::this_thread::get_id();
+  g_exiting.store(true, std::memory_order_release);
+}
+
+uint64_t launches_dropped_at_exit() {
+  return g_dropped_at_exit.load(std::memory_order_acquire);
+}
+
+bool drain_streams(double timeout_s) {
+  using Clock = std::chrono::steady_clock;
+  const bool bounded = timeout_s >= 0;
+  const auto deadline = Clock::now() + std::chrono::duration_cast<Clock::duration>(
+      std::chrono::duration<double>(bounded ? timeout_s : 0.0));
+  auto& streams = all_streams();
+  for (int d = 0; d < device_count(); ++d) {
+    for (auto& s : streams[d]) {
+      const double left = bounded ? std::chrono::duration<double>(deadline - Clock::now()).count() : -1.0;
+      if (!s->wait_completed(s->enqueued(), bounded ? std::max(left, 0.0) : -1.0)) {
+        return false;
+      }
+    }
+  }
+  std::vector<const NpuStream*> lanes;
+  {
+    std::lock_guard<std::mutex> lock(g_unlisted_streams_mutex);
+    lanes = g_unlisted_streams;
+  }
+  for (const NpuStream* s : lanes) {
+    const double left = bounded ? std::chrono::duration<double>(deadline - Clock::now()).count() : -1.0;
+    if (!const_cast<NpuStream*>(s)->wait_completed(s->enqueued(), bounded ? std::max(left, 0.0) : -1.0)) {
+      return false;
+    }
+  }
+  return true;
+}
+
 void NpuStream::enqueue(std::function<void()> fn, double duration_us, const char* op, TaskKind kind) {
+  if (device_failed(device_)) {
+    raise_device_failure(device_, op);  // Note [Sticky device errors]
+  }
   if (StreamCapture* graph = capture()) {
     graph->add_task(*this, std::move(fn), duration_us, op);
     return;
   }
+  if (dropped_at_exit()) {
+    return;  // Note [Launches at exit]
+  }
+  wait_for_launch_slot();
   push_observed(std::move(fn), duration_us, op, kind);
   if (launch_blocking() && !on_stream_worker()) {
     synchronize();
@@ -194,6 +434,12 @@ void NpuStream::enqueue(std::function<void()> fn, double duration_us, const char
 
 void NpuStream::enqueue_joined(std::function<void()> fn, const char* op) {
   TORCH_INTERNAL_ASSERT(capture() == nullptr, "npusim: a joined task is never captured (", op, ")");
+  if (device_failed(device_)) {
+    raise_device_failure(device_, op);  // Note [Sticky device errors]
+  }
+  if (dropped_at_exit()) {
+    return;  // Note [Launches at exit]
+  }
   push_observed(std::move(fn), 0.0, op, TaskKind::kWork);
 }
 
@@ -279,9 +525,9 @@ void NpuStream::run() {
       task = std::move(queue_.front());
       queue_.pop_front();
       ++popped;
-      // See Note [Errors of asynchronous work]: a failed stream skips its work.
-      if (failed_.load(std::memory_order_relaxed) && task.kind == TaskKind::kWork) {
-        ++skipped_;
+      // See Note [Errors of asynchronous work]: a failed device skips its work.
+      if (task.kind == TaskKind::kWork && device_failed(device_)) {
+        count_skipped(device_);
         task.fn = nullptr;
       }
     }
@@ -325,62 +571,6 @@ bool NpuStream::wait_completed(uint64_t target, double timeout_s) {
   } asleep(host_waiters_);
   std::unique_lock<std::mutex> lock(mutex_);
   return wait_on_host(done_cv_, lock, timeout_s, ready);  // Note [Interruptible host waits]
-}
-
-// Note [Errors of asynchronous work]
-// A task that throws (a CPU kernel's error, an out-of-memory inside a
-// kernel) fails its stream, as a device-side error does on CUDA: the host is
-// long gone, so the error is kept, and every later work task of that stream
-// is skipped, never run on what the failed task should have produced. It
-// still counts as completed, so waits return. The failure is raised, naming
-// the stream, the failed op and how many tasks were skipped, by the next
-// call that synchronizes with the stream: synchronize (stream, device, all),
-// a host read (.item(), .cpu(), a blocking copy), any op that must run on
-// the host (wait_current_stream_idle), and an event synchronize of an event
-// recorded after the failure. Signals still run (TaskKind::kSignal): an
-// event record completes but carries the failure, and a stream that waits
-// for such an event fails in turn (the failure follows the dependency, as a
-// CUDA error follows the work that depends on it), and a collective's
-// hand-off still lets its comm stream go (the peers would wait for this rank
-// forever). Unlike CUDA, whose context stays unusable after a device-side
-// error, a failure is sticky only until it is raised once: the stream runs
-// its later work again, so a process (a test suite) can go on.
-
-std::string NpuStream::failure() const {
-  std::lock_guard<std::mutex> lock(mutex_);
-  return error_;
-}
-
-void NpuStream::fail(const std::string& message) {
-  std::lock_guard<std::mutex> lock(mutex_);
-  if (error_.empty()) {
-    error_ = message;
-    failed_.store(true, std::memory_order_release);
-  }
-}
-
-void NpuStream::record_error(const char* op, const char* message) {
-  fail(std::string(op != nullptr ? op : "a task") + " failed: " + message);
-}
-
-void NpuStream::raise_pending_error() {
-  if (!failed()) {
-    return;
-  }
-  std::string error;
-  uint64_t skipped = 0;
-  {
-    std::lock_guard<std::mutex> lock(mutex_);
-    error.swap(error_);
-    skipped = skipped_;
-    skipped_ = 0;
-    failed_.store(false, std::memory_order_release);
-  }
-  if (error.empty()) {
-    return;
-  }
-  TORCH_CHECK(false, "npusim: asynchronous work on ", name(), ": ", error,
-      skipped > 0 ? c10::str(" (", skipped, " later task(s) of the stream were skipped)") : std::string());
 }
 
 void NpuStream::synchronize(double timeout_s) {

@@ -94,11 +94,41 @@ using CompletionHook = void (*)();
 constexpr int kMaxCompletionHooks = 4;
 void add_completion_hook(CompletionHook hook);
 
-// What a task is for when its stream has failed (Note [Errors of asynchronous
+// What a task is for when its device has failed (Note [Errors of asynchronous
 // work]): work (compute, copies) is skipped after a failure; a signal (an
 // event record, a collective's hand-off) still runs, so that nothing waits
 // for it forever, and carries the failure on.
 enum class TaskKind { kWork, kSignal };
+
+// A device's failure (Note [Sticky device errors]): the first error of
+// asynchronous work on the device, kept until the process ends.
+bool device_failed(c10::DeviceIndex device);
+// "<stream>: <op> failed: <message>", or "" while the device has not failed.
+std::string device_failure(c10::DeviceIndex device);
+// Raises the device's failure (the device must have failed); `call` names
+// the call that found it.
+[[noreturn]] void raise_device_failure(c10::DeviceIndex device, const char* call);
+// For test harnesses only: forgets the device's failure, as a new process
+// would start without it. What was skipped stays skipped.
+void clear_device_failure(c10::DeviceIndex device);
+
+// Note [Bounded launch queue]: a host thread that finds this many launches
+// pending on a stream waits in its next launch until the stream has fewer.
+constexpr uint64_t kDefaultMaxPendingLaunches = 1024;
+void set_max_pending_launches(uint64_t count);
+uint64_t max_pending_launches();
+
+// Note [Launches at exit]: from begin_exit on, launches from threads other
+// than the one exiting are dropped (counted, never run).
+void begin_exit();
+uint64_t launches_dropped_at_exit();
+// What a dropped launch's thread runs before it stops for good: the Python
+// bindings release the GIL if the thread holds it. Never returns to Python.
+using ThreadStopHook = void (*)();
+void set_thread_stop_hook(ThreadStopHook hook);
+// Waits, never raising, until every stream has completed what was enqueued
+// when it was looked at; false at the timeout (timeout_s < 0: no limit).
+bool drain_streams(double timeout_s);
 
 // A stream is a FIFO of host functions run by its own worker thread. The
 // enqueued/completed counters make query() honest: a popped task that is
@@ -138,13 +168,12 @@ class NpuStream {
   const std::atomic<uint64_t>* completed_counter() const { return &completed_; }
   // Waits until `target` tasks have completed; false on timeout.
   bool wait_completed(uint64_t target, double timeout_s);
-  // A task of this stream failed and the failure has not been reported yet
-  // (Note [Errors of asynchronous work]).
-  bool failed() const { return failed_.load(std::memory_order_acquire); }
-  // The failure's message ("" if none), without reporting it.
-  std::string failure() const;
-  // Makes the stream failed with `message` unless it already is (a task that
-  // inherits another stream's failure: a wait for a failed event).
+  // Work on this stream's device failed (Note [Sticky device errors]).
+  bool failed() const { return device_failed(device_); }
+  // The device's failure ("" if none), without raising it.
+  std::string failure() const { return device_failure(device_); }
+  // Fails the stream's device with `message` (a task that inherits another
+  // device's failure: a wait for a failed event), unless it has failed already.
   void fail(const std::string& message);
 
   c10::DeviceIndex device() const { return device_; }
@@ -172,6 +201,8 @@ class NpuStream {
   // push, with the task's profiler record when torch.profiler is active
   void push_observed(std::function<void()> fn, double duration_us, const char* op, TaskKind kind);
   bool wait_for_work(uint64_t popped);
+  // Note [Bounded launch queue]
+  void wait_for_launch_slot();
   void record_error(const char* op, const char* message);
   void raise_pending_error();
   void task_done();
@@ -190,9 +221,6 @@ class NpuStream {
   // side signals the other's condition variable only when it sleeps.
   bool worker_sleeping_ = false;  // guarded by mutex_
   std::atomic<int> host_waiters_{0};
-  std::atomic<bool> failed_{false};
-  std::string error_;  // the first failure: "<op> failed: <message>" (guarded by mutex_)
-  uint64_t skipped_ = 0;  // work skipped since the failure (guarded by mutex_)
   std::atomic<StreamCapture*> capture_{nullptr};
   std::unique_ptr<std::thread> worker_;
 };
