@@ -5,7 +5,9 @@ The script's ``import torch_npu`` gets npusim's compatibility module
 then runs as ``__main__`` with ``sys.argv = [script, *args]``, exactly as
 ``python script.py args`` would run it. Under torchrun
 (``torchrun --nproc-per-node 2 -m npusim run train.py``) every rank does the
-same, and ``hccl`` process groups use npusim's collective backend.
+same, and ``hccl`` process groups use npusim's collective backend. The job gets a
+simulated CANN toolkit environment of the profile's CANN release unless it has one
+(See Note [A simulated CANN environment] in ``npusim/tools/cann_env.py``).
 """
 
 from __future__ import annotations
@@ -25,8 +27,13 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
 
 def run(args: argparse.Namespace) -> int:
     from npusim.compat import torch_npu
+    from npusim.runtime.profiles import get_profile
+    from npusim.tools.cann_env import CANN_VARIABLES, apply_cann_environment
 
     torch_npu.install()
+    why = apply_cann_environment(os.environ, get_profile().cann_version)
+    if why and not any(os.environ.get(name) for name in CANN_VARIABLES):  # a real toolkit, not sourced
+        print(f"npusim run: no simulated CANN environment: {why}", file=sys.stderr)
     sys.argv = [args.target, *args.args]
     try:
         if args.module:
