@@ -1,19 +1,25 @@
 """`python -m npusim run` gives a job a simulated CANN toolkit environment (ASCEND_HOME_PATH, ASCEND_TOOLKIT_HOME,
 ASCEND_OPP_PATH and version files of the profile's CANN release), inherited by its children, and never stands in
-for a CANN environment that is set or a real toolkit that is installed."""
+for a CANN environment that is set or a real toolkit that is installed; DeepSpeed's NPU accelerator, which needs it,
+initialises ZeRO-3 on 2 ranks and trains as one CPU process."""
 
 from __future__ import annotations
 
+import json
 import os
 import re
+import socket
 import sys
 import textwrap
 from pathlib import Path
 
 import pytest
+import torch
 
 from npusim.testing.torchrun import run_bounded
 from npusim.tools.cann_env import CANN_VARIABLES, MARKER, cann_environment
+
+SCRIPTS = Path(__file__).parent / "scripts"
 
 
 def _deepspeed_cann_version(home: str) -> str:
@@ -108,3 +114,50 @@ def test_npusim_run_gives_the_job_and_its_children_the_profiles_cann(tmp_path, m
     assert done.returncode == 0, done.stderr[-3000:]
     seen = _lines(done.stdout)
     assert seen["HOME"] == [str(own)] and seen["OPP"] == [str(own / "opp")] * 2
+
+
+def _free_port() -> int:
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        return sock.getsockname()[1]
+
+
+def _reference_losses() -> list[list[float]]:
+    """Each rank's losses of the script's two steps, from one CPU process: Adam on the ranks' mean gradient."""
+    sys.path.insert(0, str(SCRIPTS))
+    try:
+        from deepspeed_zero3 import LR, model_and_batches
+    finally:
+        sys.path.remove(str(SCRIPTS))
+    model, _ = model_and_batches(0)
+    batches = [model_and_batches(rank)[1] for rank in (0, 1)]
+    opt = torch.optim.Adam(model.parameters(), lr=LR)
+    losses: list[list[float]] = [[], []]
+    for step in range(2):
+        opt.zero_grad()
+        for rank in (0, 1):
+            x, y = batches[rank][step]
+            loss = torch.nn.functional.mse_loss(model(x), y)
+            (loss / 2).backward()
+            losses[rank].append(loss.item())
+        opt.step()
+    return losses
+
+
+def test_deepspeed_zero3_initialises_under_npusim_run(tmp_path, monkeypatch):
+    """DeepSpeed's NPU accelerator (DS_ACCELERATOR=npu), which reads ASCEND_HOME_PATH in init_distributed:
+    ZeRO-3 on 2 ranks under `torchrun -m npusim run`, no variable set by hand, trains two Adam steps with
+    one CPU process's losses."""
+    pytest.importorskip("deepspeed", reason="DeepSpeed is not installed (pip install deepspeed==0.19.8 runs it)")
+    for name in CANN_VARIABLES:
+        monkeypatch.delenv(name, raising=False)
+    cmd = [sys.executable, "-m", "torch.distributed.run", "--nproc-per-node", "2", "--master-addr", "127.0.0.1",
+           "--master-port", str(_free_port()), "-m", "npusim", "run", str(SCRIPTS / "deepspeed_zero3.py"),
+           str(tmp_path)]
+    done = run_bounded(cmd, 400, env={"DS_ACCELERATOR": "npu", "XDG_CACHE_HOME": str(tmp_path / "cache")})
+    assert done.returncode == 0, done.stderr[-4000:]
+    ranks = [json.loads((tmp_path / f"rank{rank}.json").read_text()) for rank in (0, 1)]
+    assert [(r["rank"], r["accelerator"], r["device"]) for r in ranks] == [(0, "npu", "npu:0"), (1, "npu", "npu:1")]
+    assert all(r["ascend_home_path"].startswith(str(tmp_path / "cache" / "npusim" / "cann")) for r in ranks)
+    for rank, want in zip(ranks, _reference_losses(), strict=True):
+        torch.testing.assert_close(rank["losses"], want, rtol=1e-5, atol=1e-6)
