@@ -139,24 +139,32 @@ def test_deferred_free_survives_repeated_reclaims():
 
 
 def test_memory_functions_survive_torch_accelerator_built_from_torch_npu(monkeypatch):
-    """MindSpeed replaces ``torch.accelerator`` with a module of ``torch.npu``'s functions: memory_stats,
-    mem_get_info and what reads them still answer (no recursion), with the allocator's own figures."""
+    """MindSpeed-LLM's FSDP2 backend replaces ``torch.accelerator`` by a module whose every name is ``torch.npu``'s
+    where torch.npu has it (mindspeed_llm/fsdp2/utils/device.py): torch.npu's memory functions then still answer
+    (no recursion through torch.accelerator), with the allocator's own figures."""
+    import sys
     import types
 
     torch.npu.synchronize()
     expected_stats = torch.accelerator.memory_stats(0)
     expected_info = torch.accelerator.get_memory_info(0)
     replacement = types.ModuleType("torch.accelerator")
-    for name in ("memory_stats", "memory_allocated", "max_memory_allocated", "memory_reserved",
-                 "reset_peak_memory_stats", "current_device_index", "device_count", "synchronize"):
-        setattr(replacement, name, getattr(torch.npu, name.replace("_index", "")))
-    replacement.get_memory_info = torch.npu.mem_get_info
+    for name in dir(torch.accelerator):
+        if not name.startswith("__"):
+            setattr(replacement, name, getattr(torch.npu, name, getattr(torch.accelerator, name)))
+    assert replacement.memory_stats is torch.npu.memory_stats  # the pattern that recursed
     monkeypatch.setattr(torch, "accelerator", replacement)
+    monkeypatch.setitem(sys.modules, "torch.accelerator", replacement)
     assert torch.npu.memory_stats(0) == expected_stats
     assert torch.npu.mem_get_info(0) == expected_info
     base = torch.npu.memory_allocated(0)
     x = torch.empty(MIB, dtype=torch.uint8, device="npu:0")
     assert torch.accelerator.memory_allocated(0) == base + MIB
     assert torch.accelerator.memory_stats(0)["allocated_bytes.all.current"] == base + MIB
-    assert torch.accelerator.get_memory_info(0)[1] == expected_info[1]
+    assert torch.accelerator.max_memory_allocated(0) >= base + MIB
+    assert torch.npu.memory_stats_as_nested_dict(0)["allocated_bytes"]["all"]["current"] == base + MIB
+    assert torch.accelerator.memory_reserved(0) >= base + MIB
+    torch.accelerator.reset_peak_memory_stats(0)
+    assert torch.accelerator.max_memory_allocated(0) == base + MIB
+    assert torch.npu.mem_get_info(0)[1] == expected_info[1]
     del x
