@@ -96,6 +96,23 @@ def test_queries_of_other_streams_follow_capture_error_mode(mode: str, refused: 
             assert call_error is None and end_error is None
 
 
+@pytest.mark.parametrize("mode", ["global", "thread_local", "relaxed"])
+def test_a_device_synchronize_is_refused_in_every_mode_and_says_so(mode: str) -> None:
+    """A device-wide synchronize waits on the captured stream itself: every capture_error_mode refuses it, so the
+    refusal must not send the user to 'relaxed' (it did), while a query of another stream still points there."""
+    for call in (torch.npu.synchronize, torch.accelerator.synchronize):
+        call_error, end_error = _within_timeout(lambda c=call: _capture_with(c, mode))
+        assert call_error is not None and NOT_PERMITTED in str(call_error), (mode, call_error)
+        assert "'relaxed' allows it" not in str(call_error)
+        if mode != "relaxed":  # refused as a potentially unsafe call first, naming why no mode allows it
+            assert "no capture_error_mode allows it: it waits on npu:0, whose stream is captured" in str(call_error)
+        assert end_error is not None and "invalidated" in end_error
+    other = torch.npu.Stream()
+    other.record_event()
+    call_error, _ = _within_timeout(lambda: _capture_with(other.query, "global"))
+    assert call_error is not None and "'relaxed' allows it" in str(call_error)
+
+
 @pytest.mark.parametrize(("mode", "refused"), [("global", True), ("thread_local", False)])
 def test_another_threads_query_is_refused_only_in_global_mode(mode: str, refused: bool) -> None:
     """A query from another thread invalidates a 'global' capture and is allowed by a 'thread_local' one."""

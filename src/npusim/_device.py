@@ -200,7 +200,7 @@ def _drain_at_exit() -> None:
 # streams at most INTERRUPTED_EXIT_WAIT_S: the user asked to stop, and the work
 # the wait was for may take minutes (a stalled collective). What is still
 # queued then is left to the stream workers, which the process's exit ends.
-INTERRUPTED_EXIT_WAIT_S = 0.5
+INTERRUPTED_EXIT_WAIT_S = 0.25
 _reported_at_exit: set[int] = set()  # devices whose failure was reported at exit
 
 

@@ -116,7 +116,7 @@ struct NpuGuardImpl final : public c10::impl::DeviceGuardImplInterface {
   }
   void synchronizeDevice(const c10::DeviceIndex device_index) const override {
     const c10::DeviceIndex device = device_index < 0 ? current_device() : device_index;
-    refuse_unsafe_call_during_capture("synchronize", nullptr);
+    refuse_unsafe_call_during_capture("synchronize", nullptr, device);
     synchronize_device(device);
     trace_stream_op(StreamOp::kSyncDevice, nullptr, device, -1);
   }

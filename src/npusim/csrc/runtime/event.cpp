@@ -152,6 +152,7 @@ void event_synchronize(const NpuEvent& event) {
     std::unique_lock<std::mutex> lock(record->mutex);
     wait_on_host(record->cv, lock, -1.0, [&] { return record->done; });  // Note [Interruptible host waits]
   }
+  stop_thread_if_exiting();  // Note [Launches at exit]
   if (device_failed(event.device)) {
     raise_device_failure(event.device, "Event.synchronize");  // Note [Sticky device errors]
   }

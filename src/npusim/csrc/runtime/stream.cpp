@@ -44,6 +44,7 @@ std::array<DeviceStreams, kMaxDevices>& all_streams() {
 }
 
 thread_local std::array<c10::StreamId, kMaxDevices> tls_current_stream{};
+bool stopped_at_exit();  // Note [Launches at exit]
 // Tasks pushed to any stream and not yet completed: a free with none pending
 // (the common case between ops) skips scanning every stream of every device.
 std::atomic<uint64_t> g_unfinished_tasks{0};
@@ -327,22 +328,27 @@ void NpuStream::wait_for_launch_slot() {
     return;
   }
   wait_completed(enqueued - limit + 1, -1.0);  // then limit - 1 are pending at most
+  stopped_at_exit();  // exit began during the wait: Note [Launches at exit]
 }
 
 // Note [Launches at exit]
 // At interpreter exit (Python's atexit, after the non-daemon threads have
 // been joined) npusim waits for the work queued before exit began; a daemon
-// thread that goes on launching would make that wait endless and, once the
-// interpreter finalizes, the thread dies inside a C++ frame when it takes
-// the GIL back, which aborts the process ("terminate called without an
-// active exception"). So begin_exit marks the process exiting, and from
-// then on a launch from any thread but the exiting one and the stream
-// workers is dropped: never queued, its thread stopped for good in that
-// launch (the GIL released first, by the hook the Python bindings install),
-// so that it can neither read what its dropped work would have produced nor
-// take the GIL during finalization. The first such launch prints one line;
-// the process then exits when the drain is over, and its exit ends the
-// stopped threads, as it ends daemon threads anyway.
+// thread that goes on launching would make that wait endless (66 s, issue
+// 39) and, once the interpreter finalizes, the thread dies inside a C++ frame
+// when it takes the GIL back, which aborts the process ("terminate called
+// without an active exception": Python 3.11 ends such a thread with
+// pthread_exit, whose unwinding may not pass the noexcept destructor that
+// retakes the GIL). So begin_exit marks the process exiting, and from then
+// on a Python thread other than the exiting one that launches, or returns
+// from a host wait (a launch slot, a synchronize, an event), is stopped
+// there for good: its launch is dropped, never queued, and the thread gives
+// the GIL up (the hook the Python bindings install) and sleeps, so that it
+// can neither read what its dropped work would have produced nor take the
+// GIL during finalization. The first such thread prints one line; the
+// process exits when the drain is over, and its exit ends the stopped
+// threads, as it ends daemon threads anyway. Threads that never ran Python
+// (a comm stream, the stream workers) go on: they only finish queued work.
 
 namespace {
 std::atomic<bool> g_exiting{false};
@@ -350,25 +356,31 @@ std::thread::id g_exit_thread;  // written before g_exiting is set
 std::atomic<uint64_t> g_dropped_at_exit{0};
 std::atomic<ThreadStopHook> g_thread_stop_hook{nullptr};
 
-// True when this launch must not run (Note [Launches at exit]); then never returns.
-bool dropped_at_exit() {
+// Stops a Python thread that launches or returns from a host wait once exit
+// has begun (Note [Launches at exit]): false when the thread goes on.
+bool stopped_at_exit() {
   if (!g_exiting.load(std::memory_order_acquire) || std::this_thread::get_id() == g_exit_thread ||
       on_stream_worker()) {
     return false;
   }
-  if (g_dropped_at_exit.fetch_add(1, std::memory_order_acq_rel) == 0) {
-    std::fputs("npusim: the process is exiting: a thread still launching npu work (a daemon thread?) was "
-        "stopped at its launch, and what it launched after exit began is dropped\n", stderr);
-    std::fflush(stderr);
+  const ThreadStopHook hook = g_thread_stop_hook.load(std::memory_order_acquire);
+  if (hook == nullptr || !hook()) {
+    return false;  // the core's own threads (a comm stream) finish their work
   }
-  if (const ThreadStopHook hook = g_thread_stop_hook.load(std::memory_order_acquire)) {
-    hook();
+  if (g_dropped_at_exit.fetch_add(1, std::memory_order_acq_rel) == 0) {
+    std::fputs("npusim: the process is exiting: a thread still using the npu (a daemon thread?) was "
+        "stopped at its next launch or wait, and what it launched after exit began is dropped\n", stderr);
+    std::fflush(stderr);
   }
   for (;;) {
     std::this_thread::sleep_for(std::chrono::hours(1));
   }
 }
 }  // namespace
+
+void stop_thread_if_exiting() {
+  stopped_at_exit();
+}
 
 void set_thread_stop_hook(ThreadStopHook hook) {
   g_thread_stop_hook.store(hook, std::memory_order_release);
@@ -422,8 +434,8 @@ void NpuStream::enqueue(std::function<void()> fn, double duration_us, const char
     graph->add_task(*this, std::move(fn), duration_us, op);
     return;
   }
-  if (dropped_at_exit()) {
-    return;  // Note [Launches at exit]
+  if (stopped_at_exit()) {
+    return;  // never reached: Note [Launches at exit]
   }
   wait_for_launch_slot();
   push_observed(std::move(fn), duration_us, op, kind);
@@ -437,8 +449,8 @@ void NpuStream::enqueue_joined(std::function<void()> fn, const char* op) {
   if (device_failed(device_)) {
     raise_device_failure(device_, op);  // Note [Sticky device errors]
   }
-  if (dropped_at_exit()) {
-    return;  // Note [Launches at exit]
+  if (stopped_at_exit()) {
+    return;  // never reached: Note [Launches at exit]
   }
   push_observed(std::move(fn), 0.0, op, TaskKind::kWork);
 }
@@ -569,8 +581,14 @@ bool NpuStream::wait_completed(uint64_t target, double timeout_s) {
       waiters.fetch_sub(1, std::memory_order_seq_cst);
     }
   } asleep(host_waiters_);
-  std::unique_lock<std::mutex> lock(mutex_);
-  return wait_on_host(done_cv_, lock, timeout_s, ready);  // Note [Interruptible host waits]
+  {
+    std::unique_lock<std::mutex> lock(mutex_);
+    if (!wait_on_host(done_cv_, lock, timeout_s, ready)) {  // Note [Interruptible host waits]
+      return false;
+    }
+  }
+  stopped_at_exit();  // exit began during the wait: Note [Launches at exit]
+  return true;
 }
 
 void NpuStream::synchronize(double timeout_s) {
@@ -766,7 +784,7 @@ bool with_capture(uint64_t id, const std::function<void(StreamCapture&)>& fn) {
   return false;
 }
 
-void refuse_unsafe_call_during_capture(const char* op, const NpuStream* target) {
+void refuse_unsafe_call_during_capture(const char* op, const NpuStream* target, int waits_on_device) {
   if (g_capture_count.load(std::memory_order_acquire) == 0) {
     return;
   }
@@ -779,13 +797,20 @@ void refuse_unsafe_call_during_capture(const char* op, const NpuStream* target) 
   std::lock_guard<std::mutex> lock(g_captures_mutex);
   for (StreamCapture* capture : g_captures) {
     const CaptureMode mode = capture->mode();
+    // A device-wide synchronize of the capture's device waits on the captured
+    // stream itself: every mode refuses that (synchronize_device), so the
+    // message must not point to 'relaxed'.
+    const int device = capture->origin().device();
+    const bool waits_on_capture = waits_on_device == kAllDevices || waits_on_device == device;
     if (mode == CaptureMode::kGlobal ||
         (mode == CaptureMode::kThreadLocal && capture->thread() == std::this_thread::get_id())) {
       capture->refuse(c10::str("operation not permitted when stream is capturing: ", op,
           " is a potentially unsafe call while an npu graph captures ", capture->origin().name(),
           " with capture_error_mode='", mode_name(mode), "' (refused ",
           mode == CaptureMode::kGlobal ? "from every thread" : "on the capturing thread",
-          "; 'relaxed' allows it)"));
+          waits_on_capture
+              ? c10::str("; no capture_error_mode allows it: it waits on npu:", device, ", whose stream is captured)")
+              : std::string("; 'relaxed' allows it)")));
     }
   }
 }

@@ -81,8 +81,11 @@ bool with_capture(uint64_t id, const std::function<void(StreamCapture&)>& fn);
 // A host query or wait `op` of the user's (Stream.query, Event.synchronize, ...)
 // on `target` (null: no one stream): raises CUDA's error, invalidating the capture,
 // when `target` is captured or an underway capture's mode forbids the call on this
-// thread. See Note [Capture-time refusals].
-void refuse_unsafe_call_during_capture(const char* op, const NpuStream* target);
+// thread. `waits_on_device`: the device a device-wide synchronize waits on
+// (kAllDevices: every device; -1: none), which no mode lets wait on a captured
+// stream. See Note [Capture-time refusals].
+constexpr int kAllDevices = -2;
+void refuse_unsafe_call_during_capture(const char* op, const NpuStream* target, int waits_on_device = -1);
 
 // Whether any stream of the process is being captured (one atomic load).
 bool any_stream_capturing();
@@ -122,10 +125,14 @@ uint64_t max_pending_launches();
 // than the one exiting are dropped (counted, never run).
 void begin_exit();
 uint64_t launches_dropped_at_exit();
-// What a dropped launch's thread runs before it stops for good: the Python
-// bindings release the GIL if the thread holds it. Never returns to Python.
-using ThreadStopHook = void (*)();
+// Asked of a thread that launches or waits once exit has begun: the Python
+// bindings release the GIL for good and return true on a thread that runs
+// Python (it is then stopped), false on the core's own threads (they go on).
+using ThreadStopHook = bool (*)();
 void set_thread_stop_hook(ThreadStopHook hook);
+// Stops the calling thread for good (never returns) if exit has begun and it
+// is a Python thread other than the exiting one (Note [Launches at exit]).
+void stop_thread_if_exiting();
 // Waits, never raising, until every stream has completed what was enqueued
 // when it was looked at; false at the timeout (timeout_s < 0: no limit).
 bool drain_streams(double timeout_s);
