@@ -42,12 +42,14 @@ sys.exit(worker.main(sys.argv[1:]))
 
 def _expectation_tasks() -> list[sweep.Task]:
     """Issue 24's stale or missing expectations, on all their samples: the sparse ops in every CPU dtype,
-    linalg.lu_solve complex64, fp16 mish, and the first samples of bf16 chunked linear_cross_entropy."""
+    linalg.lu_solve complex64, fp16 mish, and chunked linear_cross_entropy in bf16 and fp16 (issue 39: the
+    entries name their failing samples)."""
     ops = compare.ops_by_name()
     tasks = [sweep.Task(name, str(d).removeprefix("torch."), None)
              for name in ("to_sparse", "sparse.mm.reduce", "sparse.sampled_addmm") for d in ops[name].dtypes]
-    return [*tasks, sweep.Task("linalg.lu_solve", "complex64", None), sweep.Task("nn.functional.mish", "float16", None),
-            sweep.Task("nn.functional.linear_cross_entropy.chunked_none", "bfloat16", 6)]
+    tasks += [sweep.Task(f"nn.functional.linear_cross_entropy.{variant}", dtype, None)
+              for variant in ("chunked", "chunked_none") for dtype in ("bfloat16", "float16")]
+    return [*tasks, sweep.Task("linalg.lu_solve", "complex64", None), sweep.Task("nn.functional.mish", "float16", None)]
 
 
 @pytest.fixture(scope="module")
@@ -140,8 +142,8 @@ def test_sparse_result_raises_an_error_naming_the_layout() -> None:
 
 def test_expected_failures_hold_in_every_dtype(swept: judge.Summary) -> None:
     """Issue 24's stale or missing expectations (_expectation_tasks): the sparse ops error (xfail) in every
-    CPU dtype, linalg.lu_solve complex64 and fp16 mish (gradients included) pass, bf16 chunked
-    linear_cross_entropy (reduction none) differs as its entry says; nothing fails, errs or xpasses."""
+    CPU dtype, linalg.lu_solve complex64 and fp16 mish (gradients included) pass, bf16 and fp16 chunked
+    linear_cross_entropy differ on exactly the samples their entries name; nothing fails, errs or xpasses."""
     tasks = _expectation_tasks()
     pairs = {(t.op, t.dtype) for t in tasks}
     bad = [f"{r.op} {r.dtype} sample {r.index} {r.phase}: {r.status}: {r.detail}"
@@ -153,6 +155,38 @@ def test_expected_failures_hold_in_every_dtype(swept: judge.Summary) -> None:
     assert swept.pairs[("linalg.lu_solve", "complex64")] == swept.pairs[("nn.functional.mish", "float16")] == "pass"
     assert any(r.phase == "backward" and r.status == "pass" for r in swept.results
                if (r.op, r.dtype) == ("nn.functional.mish", "float16"))
+
+
+def test_an_entry_that_names_no_samples_fails_on_every_sample(swept: judge.Summary) -> None:
+    """An expected failure without sample indices covers every sample of its dtypes and phase, so every one
+    that ran fails: one that passes would make a sample-limited sweep (`--samples 2`) find the entry stale,
+    as the chunked linear_cross_entropy entries were (issue 39). Checked on every sample the sweep ran."""
+    passing = [f"{r.op} {r.dtype} sample {r.index} {r.phase}" for r in swept.results if r.status == "pass"
+               and (entry := judge.expected_failure(r.op, r.dtype, r.phase, r.index)) is not None
+               and entry.samples is None]
+    assert not passing, "entries that name no samples, with samples that pass:\n" + "\n".join(passing)
+    covered = [r for r in swept.results if r.status == "xfail"
+               and judge.expected_failure(r.op, r.dtype, r.phase, r.index).samples is None]
+    assert {r.op for r in covered} >= {"to_sparse", "sparse.mm.reduce", "sparse.sampled_addmm"}
+
+
+def test_chunked_linear_cross_entropy_differs_only_by_pytorchs_device_type_choice() -> None:
+    """The chunked linear_cross_entropy's expected failure: PyTorch picks fp32 accumulation for fp16 / bf16
+    on cpu and the input dtype on an npu; with CPU's choices given explicitly npu equals CPU bit for bit."""
+    import torch.nn.functional as F  # noqa: N812  (the usual name)
+
+    options = torch.nn.LinearCrossEntropyOptions(batch_chunk_size=2)
+    for dtype in (torch.float16, torch.bfloat16):
+        cpu_choice = options._adjust(8, 16, 40, dtype, torch.device("cpu"))
+        npu_choice = options._adjust(8, 16, 40, dtype, torch.device("npu"))
+        assert (cpu_choice.acc_dtype, cpu_choice.acc_policy) == (torch.float32, "accurate")
+        assert (npu_choice.acc_dtype, npu_choice.acc_policy) == (dtype, "compact")
+        torch.manual_seed(0)
+        x, w, t = torch.randn(8, 16, dtype=dtype), torch.randn(40, 16, dtype=dtype), torch.randint(0, 40, (8,))
+        explicit = torch.nn.LinearCrossEntropyOptions(batch_chunk_size=2, acc_dtype=torch.float32,
+                                                      acc_policy="accurate")
+        assert torch.equal(F.linear_cross_entropy(x.npu(), w.npu(), t.npu(), reduction="none", options=explicit).cpu(),
+                           F.linear_cross_entropy(x, w, t, reduction="none", options=explicit))
 
 
 def test_samples_that_keep_their_results_on_cpu_pass() -> None:

@@ -15,7 +15,7 @@ from typing import NamedTuple
 from npusim.conformance.compare import SampleResult
 from npusim.conformance.expected_failures import EXPECTED_FAILURES, XFail
 
-__all__ = ["BAD", "STATUSES", "Summary", "judge", "worst"]
+__all__ = ["BAD", "STATUSES", "Summary", "expected_failure", "judge", "worst"]
 
 STATUSES = ("pass", "fail", "error", "crash", "skip", "xfail", "xpass")
 # The statuses that fail the suite.
@@ -60,7 +60,8 @@ class Summary(NamedTuple):
         return "\n".join(rows)
 
 
-def _entry(op: str, dtype: str, phase: str, index: int) -> XFail | None:
+def expected_failure(op: str, dtype: str, phase: str, index: int) -> XFail | None:
+    """The entry of the expected-failures list that covers this sample phase, if any."""
     entries = EXPECTED_FAILURES.get(op, ())
     for entry in (entries,) if isinstance(entries, XFail) else entries:
         if entry.covers(dtype, phase, index):
@@ -77,7 +78,7 @@ def judge(results: Iterable[SampleResult], ops: Iterable[str] = ()) -> Summary:
     judged: list[SampleResult] = []
     covered: dict[tuple[str, str, str, XFail], list[str]] = defaultdict(list)
     for r in results:
-        entry = _entry(r.op, r.dtype, r.phase, r.index)
+        entry = expected_failure(r.op, r.dtype, r.phase, r.index)
         if entry is not None and r.status != "skip":
             covered[(r.op, r.dtype, r.phase, entry)].append(r.status)
             if r.status in _FAILED:
