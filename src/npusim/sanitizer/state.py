@@ -160,8 +160,8 @@ class State:
         if captured:
             if s not in self.captured:
                 self.captured[s] = GraphRecord(s.device, tracked=False)
-        elif s in self.captured:
-            self.end_capture(self.captured[s])
+        else:  # only this stream: the graph's other streams may still be captured
+            self.captured.pop(s, None)
 
     def capture_stream_op(self, record_event: bool, event: int, s: StreamKey) -> None:
         """An event record or wait on ``s`` while a graph captures ``s``: a node of the graph. A wait on an
