@@ -9,6 +9,7 @@ import itertools
 import numpy as np
 import pytest
 import torch
+from torch._subclasses.fake_tensor import FakeTensorMode
 from torch.testing import assert_close
 
 from _fused_util import DTYPES, assert_device_errors, assert_matches, gradcheck, opcheck, randn
@@ -353,6 +354,73 @@ def test_grouped_matmul_multi_tensor_and_k_axis_forms():
                                    group_type=2, group_list_type=1)
     assert dw.shape == (3, 4, 6)
     assert_matches(dw, torch.stack([ai @ gi for ai, gi in zip(a.split(sizes, 1), g.split(sizes), strict=True)]))
+
+
+@pytest.mark.parametrize("stacked", [False, True], ids=["weight-list", "one-3d-weight"])
+def test_grouped_matmul_k_axis_with_one_weight_per_group(stacked):
+    """group_type 2 with split_item 0/1 takes one weight per group (op-plugin's meta function): y[e] = x[:, k_e] @ w_e,
+    each (M, N_e); the fake kernel gives the same shapes, N_e differing from weight to weight."""
+    a = randn(4, 9, seed=4)
+    if stacked:  # one (E, K_e, N) weight: every group has the same k size
+        sizes, weights = [3, 3, 3], [randn(3, 3, 5, seed=5)]
+        experts = list(weights[0].unbind(0))
+    else:
+        sizes = [2, 0, 7]
+        weights = experts = [randn(k, n, seed=10 + n) for k, n in zip(sizes, [3, 6, 2], strict=True)]
+    refs = [ai @ w for ai, w in zip(a.split(sizes, 1), experts, strict=True)]
+    group_list = torch.tensor(sizes).cumsum(0).npu()
+    ys = ops.npu_grouped_matmul([a.npu()], [w.npu() for w in weights], group_list=group_list, split_item=0,
+                                group_type=2)
+    assert [tuple(y.shape) for y in ys] == [tuple(r.shape) for r in refs]
+    for y, ref in zip(ys, refs, strict=True):
+        assert_matches(y, ref)
+    a_npu, weights_npu = a.npu(), [w.npu() for w in weights]
+    with FakeTensorMode() as mode:
+        fake = ops.npu_grouped_matmul([mode.from_tensor(a_npu)], [mode.from_tensor(w) for w in weights_npu],
+                                      group_list=mode.from_tensor(group_list), split_item=0, group_type=2)
+    assert [tuple(y.shape) for y in fake] == [tuple(r.shape) for r in refs]
+
+
+def test_grouped_matmul_errors_carry_op_plugins_messages():
+    """group_type None on the Tensor overload, a bad group_type or split_item, empty lists, a decreasing group_list
+    and mismatched group counts raise op-plugin's messages after the op's name, eagerly and in the fake kernel."""
+    x, w, gl = randn(6, 4).npu(), randn(2, 4, 3).npu(), torch.tensor([2, 6]).npu()
+    calls = [({"group_list": gl, "split_item": 2}, r"npu_grouped_matmul: Requires manual passing group_type, current "
+                                                   "is None"),
+             ({"group_list": gl, "split_item": 2, "group_type": 1},
+              r"The group type must be -1, 0 or 2, but now is \[1\]"),
+             ({"group_list": gl, "split_item": 5, "group_type": 0},
+              r"Invalid value of split_item \[5\], which should only be one of 0/1/2/3"),
+             ({"group_list": torch.tensor([4, 3]).npu(), "split_item": 2, "group_type": 0},
+              r"group_list\[1\] - group_list\[0\] should be larger than or equal to 0, but now is -1\."),
+             ({"group_list": torch.tensor([2, 4, 6]).npu(), "split_item": 0, "group_type": 0},
+              r"Invalid inputs\. When split_item = 0 or 1 and input group_list is not None.*Actual lengths: x \[1\], "
+              r"weight \[2\], group_list \[3\]")]
+    for kwargs, message in calls:
+        with pytest.raises(RuntimeError, match=message):
+            ops.npu_grouped_matmul([x], [w], **kwargs)
+        if "should be larger" in message:
+            continue  # a Tensor group_list's values are unknown to the fake kernel
+        with FakeTensorMode() as mode, pytest.raises(RuntimeError, match=message):
+            fake = {k: mode.from_tensor(v) if isinstance(v, torch.Tensor) else v for k, v in kwargs.items()}
+            ops.npu_grouped_matmul([mode.from_tensor(x)], [mode.from_tensor(w)], **fake)
+    with pytest.raises(RuntimeError, match="npu_grouped_matmul: Invalid inputs: neither x nor weight could be empty"):
+        ops.npu_grouped_matmul([], [w], group_type=-1)
+    with pytest.raises(RuntimeError, match=r"When split_item = 0 or 1 and input group_list is None, the num of x "
+                                           r"tensors must equal the num of weight tensors\. Actual lengths: x \[1\]"):
+        ops.npu_grouped_matmul([x], [w[0], w[1]], group_type=-1)
+    a, g = randn(4, 9).npu(), randn(9, 6).npu()
+    with pytest.raises(RuntimeError, match=r"When group_list is 2\(K_SPLIT\) and split_item is 2/3, the length of "
+                                           "weight must equal x"):
+        ops.npu_grouped_matmul([a], [g[:4], g[4:]], group_list=torch.tensor([4, 9]).npu(), split_item=3,
+                               group_type=2)
+    with pytest.raises(RuntimeError, match=r"npu_grouped_matmul: weight 1 \(\(5, 6\)\) must have group 1's k size "
+                                           r"\(3 rows"):
+        ops.npu_grouped_matmul([a], [g[:6], g[4:]], group_list=torch.tensor([6, 9]).npu(), split_item=0,
+                               group_type=2)
+    # the int-list overload infers group_type (op-plugin's meta function accepts None with a list)
+    (y,) = ops.npu_grouped_matmul([x], [w], group_list=[2, 6], split_item=2)
+    assert_matches(y, torch.cat([x[:2].cpu() @ w[0].cpu(), x[2:].cpu() @ w[1].cpu()]))
 
 
 def test_grouped_matmul_errors_name_the_op_and_argument():

@@ -119,12 +119,17 @@ def test_apply_rotary_pos_emb_in_each_dtype(dtype):
 def test_rotary_errors_name_the_op_and_argument():
     """Modes, layouts, shapes, dtypes and devices are checked, naming the op and the argument."""
     x, c = randn(2, 3, 4, 8).npu(), randn(1, 3, 1, 8).npu()
-    with pytest.raises(RuntimeError, match="npu_rotary_mul: rotary_mode must be one of half, interleave, got"):
+    with pytest.raises(RuntimeError, match="npu_rotary_mul: The rotary_mode of npu_rotary_mul should be half or "
+                                           "interleave, but got quarter"):
         ops.npu_rotary_mul(x, c, c, "quarter")
+    with pytest.raises(RuntimeError, match="The rotary_mode of npu_rotary_mul_backward should be half or "
+                                           "interleave, but got quarter"):
+        ops.npu_rotary_mul_backward(x, x, c, c, "quarter")
     with pytest.raises(RuntimeError, match=r"npu_rotary_mul: r1 of shape \(1, 2, 1, 8\) must broadcast to self"):
         ops.npu_rotary_mul(x, c[:, :2], c, "half")
-    with pytest.raises(RuntimeError, match=r"npu_rotary_mul: r2 must have the dtype of self \(float32\)"):
-        ops.npu_rotary_mul(x, c, c.half())
+    with pytest.raises(RuntimeError, match=r"npu_rotary_mul: r2 must be float16, bfloat16, float32 or float64, got "
+                                           "int64"):
+        ops.npu_rotary_mul(x, c, c.long())
     assert_device_errors(ops.npu_rotary_mul, [x, c, c], 2, "r2", "npu_rotary_mul")
     q = randn(2, 6, 3, 8).npu()
     cos = randn(2, 6, 1, 8).npu()
@@ -135,6 +140,22 @@ def test_rotary_errors_name_the_op_and_argument():
     with pytest.raises(RuntimeError, match="npu_apply_rotary_pos_emb: the last dimension of query .* divisible by 4"):
         ops.npu_apply_rotary_pos_emb(q[..., :6], q[..., :6], cos[..., :6], cos[..., :6], "BSND", "quarter")
     assert_device_errors(ops.npu_apply_rotary_pos_emb, [q, q, cos, cos], 3, "sin", "npu_apply_rotary_pos_emb")
+
+
+@pytest.mark.parametrize("x_dtype, r_dtype", [(torch.float16, torch.float32), (torch.float32, torch.bfloat16)])
+def test_rotary_mul_mixed_dtypes_round_the_coefficients_to_self(x_dtype, r_dtype):
+    """r1 / r2 of another dtype are cast to self's first (op-plugin's mixed-dtype path); gradients keep each dtype."""
+    x, r1, r2 = randn(2, 3, 4, 8), randn(1, 3, 1, 8, seed=1), randn(1, 3, 1, 8, seed=2)
+    x, r1, r2 = x.to(x_dtype), r1.to(r_dtype), r2.to(r_dtype)
+    rounded = [r.to(x_dtype) for r in (r1, r2)]
+    out = ops.npu_rotary_mul(x.npu(), r1.npu(), r2.npu())
+    assert out.dtype == x_dtype
+    assert_matches(out, _reference(x, *rounded, "half").to(x_dtype))
+    leaves = [t.npu().requires_grad_() for t in (x, r1, r2)]
+    ops.npu_rotary_mul(*leaves).float().sum().backward()
+    assert [t.grad.dtype for t in leaves] == [x_dtype, r_dtype, r_dtype]
+    g = torch.ones(2, 3, 4, 8)
+    assert_matches(leaves[1].grad, (g * x.float()).sum((0, 2), keepdim=True).to(x_dtype).to(r_dtype))
 
 
 def test_apply_rotary_pos_emb_in_place_under_torch_compile():

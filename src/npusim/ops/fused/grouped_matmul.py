@@ -8,8 +8,15 @@ forms of ``torch_npu-npu_grouped_matmul.md`` (x / weight / y, "single" or "multi
 - group_type 0 (the m axis): x single (M, K) split into groups of rows by group_list (weight
   one (E, K, N) tensor or E (K, N) tensors), or x multi (each x_i one group); y is the
   groups' results concatenated (split_item 2/3) or a list (0/1);
-- group_type 2 (the k axis, how a weight gradient is computed): x (M, K), weight (K, N),
-  ``y[e] = x[:, k_e] @ weight[k_e, :]`` stacked to (E, M, N).
+- group_type 2 (the k axis, how a weight gradient is computed): x (M, K) with its columns split
+  by group_list; with split_item 2/3 one weight (K, N), ``y[e] = x[:, k_e] @ weight[k_e, :]``
+  stacked to (E, M, N); with split_item 0/1 one weight per group (K_e, N_e), or one (E, K_e, N),
+  and a list of the E (M, N_e) results (op-plugin's meta function and kernel).
+
+The default overload needs ``group_type`` (op-plugin's kernel: "Requires manual passing
+group_type, current is None."); the ``.List`` overload infers it (0 with a group_list, else -1).
+Argument errors carry op-plugin's own messages where its kernel has one
+(GroupedMatmulKernelNpuOpApi.cpp), after the op's name.
 
 Only the unquantized formula is simulated: scale, offset, antiquant_*, per_token_scale and
 the activation / dtype arguments of the quantized forms must stay unset. Products accumulate
@@ -27,7 +34,7 @@ import torch
 from torch import Tensor
 from torch.utils.flop_counter import register_flop_formula
 
-from npusim.ops.fused._checks import check, check_dim, check_dtype, compute_dtype, fail
+from npusim.ops.fused._checks import check, check_dim, check_dtype, compute_dtype
 from npusim.ops.fused._library import define, implement, no_derivative
 
 _QUANT_ARGS = "Tensor[]? scale=None, Tensor[]? offset=None, Tensor[]? antiquant_scale=None, " \
@@ -62,11 +69,14 @@ def _check_common(x: list[Tensor], weight: list[Tensor], bias: list[Tensor] | No
                   unquantized: dict[str, Any]) -> None:
     for name, value in unquantized.items():
         check(value is None, _OP, f"{name} belongs to a quantized form, which is not simulated; it must be None")
-    check(len(x) > 0 and len(weight) > 0, _OP, f"x and weight must not be empty lists, got {len(x)} and {len(weight)}")
+    check(len(x) > 0 and len(weight) > 0, _OP, f"Invalid inputs: neither x nor weight could be empty. Got {len(x)} x "
+                                               f"and {len(weight)} weight tensors")
     check(len(x) <= 128 and len(weight) <= 128, _OP, "x and weight hold at most 128 tensors each")
-    check(split_item in (0, 1, 2, 3), _OP, f"split_item must be 0 or 1 (a list out) or 2 or 3 (one tensor), "
-                                           f"got {split_item}")
-    check(group_type in (-1, 0, 2), _OP, f"group_type must be -1 (none), 0 (m axis) or 2 (k axis), got {group_type}")
+    check(split_item in (0, 1, 2, 3), _OP, f"Invalid value of split_item [{split_item}], which should only be one of "
+                                           "0/1/2/3 (0/1: a list out, 2/3: one tensor).")
+    check(group_type in (-1, 0, 2), _OP, f"The group type must be -1, 0 or 2, but now is [{group_type}] "
+                                         "(-1: no grouping, 0: the m axis, 2: the k axis)")
+    check(group_type != 2 or bias is None, _OP, "bias is not supported with group_type 2 (k axis); it must be None")
     check(group_list_type in (0, 1), _OP,
           f"group_list_type must be 0 (cumulative sizes) or 1 (sizes) when unquantized, got {group_list_type}")
     check(act_type == 0, _OP, f"act_type {act_type} fuses an activation only into the quantized forms; it must be 0")
@@ -91,16 +101,22 @@ def _check_common(x: list[Tensor], weight: list[Tensor], bias: list[Tensor] | No
                                                       f"got {b.dtype}")
 
 
-def _resolve_group_type(group_type: int | None, group_list: Any) -> int:
-    return group_type if group_type is not None else (-1 if group_list is None else 0)
+def _resolve_group_type(group_type: int | None, group_list: Any, int_list: bool) -> int:
+    """The Tensor overload needs group_type (op-plugin's kernel refuses None); the int-list overload infers it."""
+    if group_type is None:
+        check(int_list, _OP, "Requires manual passing group_type, current is None. Pass -1 (no grouping), "
+                             "0 (the m axis) or 2 (the k axis).")
+        return -1 if group_list is None else 0
+    return group_type
 
 
 def _sizes(op_values: list[int], group_list_type: int, total: int, what: str) -> list[int]:
     """Group sizes from group_list's values, checked against the grouped axis' length."""
-    if group_list_type == 0:
-        check(all(v >= 0 for v in op_values) and all(b >= a for a, b in zip(op_values, op_values[1:], strict=False)),
-              _OP, f"group_list must be non-negative and non-decreasing (cumulative sizes), got {op_values}")
+    if group_list_type == 0:  # cumulative: op-plugin's kernel checks each step
         sizes = [b - a for a, b in zip([0, *op_values], op_values, strict=False)]
+        for i, size in enumerate(sizes):
+            check(size >= 0, _OP, f"group_list[0] should be larger than or equal to 0, but now is {size}." if i == 0
+                  else f"group_list[{i}] - group_list[{i - 1}] should be larger than or equal to 0, but now is {size}.")
     else:
         check(all(v >= 0 for v in op_values), _OP, f"group_list must be non-negative sizes, got {op_values}")
         sizes = list(op_values)
@@ -122,25 +138,15 @@ def _grouped_matmul(x: list[Tensor], weight: list[Tensor], bias: list[Tensor] | 
     else:
         biases = list(bias) if bias is not None else [None] * len(experts)
     if group_type == 2:
-        check(len(x) == 1 and len(weight) == 1 and weight[0].dim() == 2, _OP,
-              "group_type 2 (k axis) takes one x (M, K) and one weight (K, N)")
-        check(group_values is not None, _OP, "group_type 2 needs group_list")
-        xs, w = x[0], weight[0]
-        check(xs.dim() == 2 and xs.shape[1] == w.shape[0], _OP,
-              f"x (M, K) and weight (K, N) must share K, got {tuple(xs.shape)} and {tuple(w.shape)}")
-        sizes = _sizes(group_values, group_list_type, w.shape[0], "rows of weight (the k axis)")
-        ys = [_matmul(xk, wk, None, acc) for xk, wk in zip(xs.split(sizes, 1), w.split(sizes, 0), strict=True)]
-        out = [y.to(dtype) for y in ys]
-        return [torch.stack(out)] if split_item in (2, 3) else out
+        return _k_axis(x, weight, group_values, split_item, group_list_type, acc, dtype)
     if group_type == 0 and len(x) == 1:
         check(group_values is not None, _OP, "group_type 0 with one x needs group_list (the rows of each group)")
         check_dim(_OP, "x[0]", x[0], (2,))
         sizes = _sizes(group_values, group_list_type, x[0].shape[0], "rows of x")
-        check(len(sizes) == len(experts), _OP, f"group_list must give one group per weight ({len(experts)}), "
-                                               f"got {len(sizes)}")
+        _check_groups_per_weight(len(x), len(experts), len(sizes))
         pieces = list(x[0].split(sizes, 0))
     else:
-        check(len(x) == len(experts), _OP, f"x must hold one tensor per weight ({len(experts)}), got {len(x)}")
+        _check_x_per_weight(len(x), len(experts))
         pieces = list(x)
         if group_values is not None and group_type == 0:
             sizes = _sizes(group_values, group_list_type, sum(t.shape[0] for t in x), "rows of x")
@@ -156,6 +162,52 @@ def _grouped_matmul(x: list[Tensor], weight: list[Tensor], bias: list[Tensor] | 
     return out
 
 
+def _check_groups_per_weight(num_x: int, num_weight: int, num_groups: int) -> None:
+    check(num_x == 1 and num_weight == num_groups, _OP,
+          "Invalid inputs. When split_item = 0 or 1 and input group_list is not None, the following two conditions "
+          "are supposed to be satisfied: (1) length of x equals 1; (2) length of weight equals that of group_list. "
+          f"Actual lengths: x [{num_x}], weight [{num_weight}], group_list [{num_groups}].")
+
+
+def _check_x_per_weight(num_x: int, num_weight: int) -> None:
+    check(num_x == num_weight, _OP, "When split_item = 0 or 1 and input group_list is None, the num of x tensors must "
+                                    f"equal the num of weight tensors. Actual lengths: x [{num_x}], "
+                                    f"weight [{num_weight}].")
+
+
+def _check_k_axis_forms(x: list[Tensor], weight: list[Tensor], split_item: int, num_groups: int | None) -> None:
+    """The shapes of group_type 2 (checked by the kernel and the fake kernel alike)."""
+    check(len(x) == 1, _OP, f"group_type 2 (k axis) takes one x (M, K), got {len(x)} tensors")
+    check_dim(_OP, "x[0]", x[0], (2,))
+    check(num_groups is not None, _OP, "group_type 2 (k axis) needs group_list (the k sizes of the groups)")
+    if split_item in (2, 3):
+        check(len(weight) == 1 and weight[0].dim() == 2, _OP,
+              "When group_list is 2(K_SPLIT) and split_item is 2/3, the length of weight must equal x: one weight "
+              f"(K, N), got {len(weight)} of shapes {[tuple(w.shape) for w in weight]}")
+        check(x[0].shape[1] == weight[0].shape[0], _OP, f"x (M, K) and weight (K, N) must share K, got "
+                                                        f"{tuple(x[0].shape)} and {tuple(weight[0].shape)}")
+    else:
+        _check_groups_per_weight(len(x), len(_experts(weight)), num_groups)
+
+
+def _k_axis(x: list[Tensor], weight: list[Tensor], group_values: list[int] | None, split_item: int,
+            group_list_type: int, acc: torch.dtype, dtype: torch.dtype) -> list[Tensor]:
+    """group_type 2: ``y[e] = x[:, k_e] @ w_e``, w_e the rows k_e of one weight (split_item 2/3, stacked) or
+    the e-th weight (split_item 0/1, a list: the N of each may differ)."""
+    _check_k_axis_forms(x, weight, split_item, None if group_values is None else len(group_values))
+    xs = x[0]
+    sizes = _sizes(group_values, group_list_type, xs.shape[1], "columns of x (the k axis)")
+    if split_item in (2, 3):
+        ws = list(weight[0].split(sizes, 0))
+    else:
+        ws = _experts(weight)
+        for e, (size, w) in enumerate(zip(sizes, ws, strict=True)):
+            check(w.shape[0] == size, _OP, f"weight {e} ({tuple(w.shape)}) must have group {e}'s k size ({size} "
+                                           "rows, from group_list)")
+    out = [_matmul(xk, wk, None, acc).to(dtype) for xk, wk in zip(xs.split(sizes, 1), ws, strict=True)]
+    return [torch.stack(out)] if split_item in (2, 3) else out
+
+
 def _host_values(group_list: Tensor | list[int] | None) -> list[int] | None:
     if isinstance(group_list, Tensor):
         check(group_list.dim() == 1 and group_list.dtype == torch.int64, _OP,
@@ -165,36 +217,39 @@ def _host_values(group_list: Tensor | list[int] | None) -> list[int] | None:
 
 
 def _run(x, weight, bias, group_list, split_item, group_type, group_list_type, act_type, output_dtype,
-         unquantized) -> list[Tensor]:
-    group_type = _resolve_group_type(group_type, group_list)
+         unquantized, int_list) -> list[Tensor]:
+    group_type = _resolve_group_type(group_type, group_list, int_list)
     _check_common(x, weight, bias, split_item, group_type, group_list_type, act_type, output_dtype, unquantized)
     return _grouped_matmul(x, weight, bias, _host_values(group_list), split_item, group_type, group_list_type)
 
 
 def _fake(x, weight, bias, group_list, split_item, group_type, group_list_type, act_type, output_dtype,
-          unquantized) -> list[Tensor]:
+          unquantized, int_list) -> list[Tensor]:
     """Shapes without the group sizes: those of a Tensor group_list are unbacked sizes for split_item 0/1."""
-    group_type = _resolve_group_type(group_type, group_list)
+    group_type = _resolve_group_type(group_type, group_list, int_list)
     _check_common(x, weight, bias, split_item, group_type, group_list_type, act_type, output_dtype, unquantized)
     experts = _experts(weight)
     n = experts[0].shape[1]
     if group_type == 2:
-        groups = group_list.shape[0] if isinstance(group_list, Tensor) else len(group_list or [])
-        shape = (x[0].shape[0], weight[0].shape[-1])
+        groups = None if group_list is None else (group_list.shape[0] if isinstance(group_list, Tensor)
+                                                  else len(group_list))
+        _check_k_axis_forms(x, weight, split_item, groups)
+        m = x[0].shape[0]
         if split_item in (2, 3):
-            return [x[0].new_empty((groups, *shape))]
-        return [x[0].new_empty(shape) for _ in range(groups)]
+            return [x[0].new_empty((groups, m, weight[0].shape[1]))]
+        return [x[0].new_empty((m, w.shape[1])) for w in experts]  # op-plugin's meta: each weight's own N
     if split_item in (2, 3):
         return [x[0].new_empty((sum(t.shape[0] for t in x), n))]
     if group_type == 0 and len(x) == 1:
+        check(group_list is not None, _OP, "group_type 0 with one x needs group_list (the rows of each group)")
+        _check_groups_per_weight(len(x), len(experts), len(group_list))
         if isinstance(group_list, Tensor):
             ctx = torch.library.get_ctx()
             rows = [ctx.new_dynamic_size() for _ in experts]
         else:
             rows = _sizes(list(group_list), 0, x[0].shape[0], "rows of x")
         return [x[0].new_empty((r, w.shape[1])) for r, w in zip(rows, experts, strict=True)]
-    if len(x) != len(experts):
-        fail(_OP, f"x must hold one tensor per weight ({len(experts)}), got {len(x)}")
+    _check_x_per_weight(len(x), len(experts))
     return [t.new_empty((*t.shape[:-1], w.shape[1])) for t, w in zip(x, experts, strict=True)]
 
 
@@ -217,9 +272,10 @@ def _kernel(body: Callable[..., list[Tensor]], int_list: bool) -> Callable[..., 
             check(not group_list_type, _OP, f"group_list_type must be 0 with an int list group_list, got "
                                             f"{group_list_type}")
         unquantized = {name: options.get(name) for name in _QUANTIZED}
-        return body(x, weight, options.get("bias"), options.get("group_list"), options.get("split_item") or 0,
+        split_item = options.get("split_item")
+        return body(x, weight, options.get("bias"), options.get("group_list"), 0 if split_item is None else split_item,
                     options.get("group_type"), group_list_type, options.get("act_type") or 0,
-                    options.get("output_dtype"), unquantized)
+                    options.get("output_dtype"), unquantized, int_list)
 
     return grouped_matmul
 
@@ -237,8 +293,10 @@ def _flop(x: list[Tensor], weight: list[Tensor], *, group_list: Any = None, grou
     """2 * M * K * N summed over the groups (PyTorch's mm formula per group), for FlopCounterMode and
     npusim's timing model (Note [Compute cost model])."""
     experts = _experts(weight)
-    if _resolve_group_type(group_type, group_list) == 2:  # the k axis: y[e] = x[:, k_e] @ weight[k_e, :]
-        return 2 * x[0].shape[0] * x[0].shape[1] * weight[0].shape[-1]
+    if group_type == 2:  # the k axis: y[e] = x[:, k_e] @ w_e, w_e (k_e, N_e) with sum(k_e) = K
+        if len(experts) == 1 or len(weight) == 1 and weight[0].dim() == 2:
+            return 2 * x[0].shape[0] * x[0].shape[1] * weight[0].shape[-1]
+        return sum(2 * x[0].shape[0] * w.shape[0] * w.shape[1] for w in experts)
     if len(x) == 1 and len(experts) > 1:  # one x, its rows split among experts of one N
         return 2 * x[0].numel() * experts[0].shape[1]
     return sum(2 * xi.numel() * w.shape[1] for xi, w in zip(x, experts, strict=False))

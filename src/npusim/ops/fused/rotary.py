@@ -30,7 +30,7 @@ from npusim.ops.fused._library import LIB, define, implement, no_derivative, reg
 ROTARY_MUL = define("npu_rotary_mul(Tensor self, Tensor r1, Tensor r2, str rotary_mode='half', Tensor? rotate=None) "
                     "-> Tensor")
 ROTARY_MUL_BACKWARD = define("npu_rotary_mul_backward(Tensor grad, Tensor self, Tensor r1, Tensor r2, "
-                             "str rotary_mode='half') -> (Tensor, Tensor, Tensor)", public=False)
+                             "str rotary_mode='half') -> (Tensor, Tensor, Tensor)")
 APPLY_ROTARY = define("npu_apply_rotary_pos_emb(Tensor query, Tensor key, Tensor cos, Tensor sin, str layout='BSND', "
                       "str rotary_mode='half') -> (Tensor, Tensor)")
 APPLY_ROTARY_FUNCTIONAL = define("_npu_apply_rotary_pos_emb(Tensor query, Tensor key, Tensor cos, Tensor sin, "
@@ -67,11 +67,20 @@ def _check_coefficient(op: str, name: str, r: Tensor, x: Tensor, x_name: str) ->
 
 # -- npu_rotary_mul ------------------------------------------------------------------------------------------------
 
-def _check_rotary_mul(x: Tensor, r1: Tensor, r2: Tensor, mode: str, rotate_matrix: Tensor | None) -> None:
-    op = "npu_rotary_mul"
+def _check_rotary_mul(x: Tensor, r1: Tensor, r2: Tensor, mode: str, rotate_matrix: Tensor | None,
+                      op: str = "npu_rotary_mul") -> None:
+    """op-plugin's checks (RotaryMulKernelNpuOpApi.cpp), its rotary_mode message first.
+
+    r1 and r2 may have another floating dtype than self: op-plugin casts them to self's dtype
+    (its "mix dtype" path), and so does :func:`_coefficients`.
+    """
+    check(mode in ("half", "interleave"), op,
+          f"The rotary_mode of {op} should be half or interleave, but got {mode}")
     check_dtype(op, "self", x)
     check_dim(op, "self", x, (3, 4))
-    check_same_dtype(op, "self", {"self": x, "r1": r1, "r2": r2, "rotate": rotate_matrix})
+    for name, r in (("r1", r1), ("r2", r2)):
+        check_dtype(op, name, r)
+    check_same_dtype(op, "self", {"self": x, "rotate": rotate_matrix})
     _check_coefficient(op, "r1", r1, x, "self")
     _check_coefficient(op, "r2", r2, x, "self")
     if rotate_matrix is None:
@@ -87,8 +96,14 @@ def rotary_mul(x: Tensor, r1: Tensor, r2: Tensor, rotary_mode: str = "half",
     """x * r1 + rotate(x) * r2 in x's dtype."""
     _check_rotary_mul(x, r1, r2, rotary_mode, rotate_matrix)
     acc = x.to(compute_dtype(x.dtype))
+    c, s = _coefficients(x, r1, r2, acc.dtype)
     turned = acc @ rotate_matrix.to(acc.dtype) if rotate_matrix is not None else rotate(acc, rotary_mode)
-    return (acc * r1.to(acc.dtype) + turned * r2.to(acc.dtype)).to(x.dtype)
+    return (acc * c + turned * s).to(x.dtype)
+
+
+def _coefficients(x: Tensor, r1: Tensor, r2: Tensor, acc: torch.dtype) -> tuple[Tensor, Tensor]:
+    """r1 and r2 rounded to self's dtype first, as op-plugin casts mixed-dtype coefficients, then in ``acc``."""
+    return r1.to(x.dtype).to(acc), r2.to(x.dtype).to(acc)
 
 
 def _rotary_mul_fake(x: Tensor, r1: Tensor, r2: Tensor, rotary_mode: str = "half",
@@ -105,10 +120,11 @@ def _sum_to(t: Tensor, shape: torch.Size) -> Tensor:
 def rotary_mul_backward(grad: Tensor, x: Tensor, r1: Tensor, r2: Tensor,
                         rotary_mode: str = "half") -> tuple[Tensor, Tensor, Tensor]:
     """(dx, dr1, dr2) in x's dtype; dr1 / dr2 summed over the dimensions r1 / r2 broadcast."""
-    _check_rotary_mul(x, r1, r2, rotary_mode, None)
+    _check_rotary_mul(x, r1, r2, rotary_mode, None, op="npu_rotary_mul_backward")
     acc = compute_dtype(x.dtype)
-    g, xa = grad.to(acc), x.to(acc)
-    dx = g * r1.to(acc) - rotate(g * r2.to(acc), rotary_mode)
+    g, xa = grad.to(x.dtype).to(acc), x.to(acc)
+    c, s = _coefficients(x, r1, r2, acc)
+    dx = g * c - rotate(g * s, rotary_mode)
     dr1 = _sum_to(g * xa, r1.shape)
     dr2 = _sum_to(g * rotate(xa, rotary_mode), r2.shape)
     return dx.to(x.dtype), dr1.to(x.dtype), dr2.to(x.dtype)
@@ -116,7 +132,7 @@ def rotary_mul_backward(grad: Tensor, x: Tensor, r1: Tensor, r2: Tensor,
 
 def _rotary_mul_backward_fake(grad: Tensor, x: Tensor, r1: Tensor, r2: Tensor,
                               rotary_mode: str = "half") -> tuple[Tensor, Tensor, Tensor]:
-    _check_rotary_mul(x, r1, r2, rotary_mode, None)
+    _check_rotary_mul(x, r1, r2, rotary_mode, None, op="npu_rotary_mul_backward")
     return torch.empty_like(x), torch.empty_like(r1, dtype=x.dtype), torch.empty_like(r2, dtype=x.dtype)
 
 
