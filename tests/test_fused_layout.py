@@ -95,6 +95,29 @@ def test_a_recorded_format_dies_with_its_storage(clean_npu):
     assert reused and ops.get_npu_format(reused[0]) == 2
 
 
+@pytest.mark.parametrize("in_place", [False, True], ids=["npu_format_cast", "npu_format_cast_"])
+def test_format_casts_that_land_elsewhere(in_place):
+    """torch_npu's test_format_cast sequences: a 4-D NC1HWC0 tensor cast to ND comes back NCHW, other casts record
+    the format asked for (5-D NDC1HWC0 -> ND gives ND); a 1-D or 0-D tensor cast to FRACTAL_NZ stays ND with
+    torch_npu's warning, for both calls; the Tensor overload follows the same rule."""
+    cast = ops.npu_format_cast_ if in_place else ops.npu_format_cast
+    t = torch.rand(2, 2, 4, 4, device="npu")
+    steps = [(2, 2), (3, 3), (0, 0), (3, 3), (2, 0)] + [(f, f) for f in (0, 2, 0, 4, 0, 29, 0, 2, 4, 0, 2, 29, 0)]
+    for target, landed in steps:
+        t = cast(t, target)
+        assert ops.get_npu_format(t) == landed, (target, landed)
+    t = t.view(2, 2, 2, 2, 4).clone()
+    for target in (30, 33, 30, 2, 33, 2, 30, 32, 30, 2, 32, 2):
+        t = cast(t, target)
+        assert ops.get_npu_format(t) == target
+    for shape in ((4,), ()):
+        with pytest.warns(UserWarning, match="Cannot create tensor with NZ format while dim < 2, tensor will be "
+                                             "created with ND format"):
+            assert ops.get_npu_format(cast(torch.ones(shape, device="npu"), Format.FRACTAL_NZ)) == Format.ND
+    nc1hwc0 = ops.npu_format_cast(torch.rand(2, 2, 4, 4, device="npu"), Format.NC1HWC0)
+    assert ops.get_npu_format(ops.npu_format_cast(nc1hwc0, torch.ones(3, device="npu"))) == Format.NCHW
+
+
 def test_format_cast_passes_gradients_through():
     """npu_format_cast is differentiable (identity gradient), as in torch_npu."""
     x = randn(4, 4).npu().requires_grad_()
@@ -103,12 +126,10 @@ def test_format_cast_passes_gradients_through():
 
 
 def test_layout_errors_name_the_op_and_argument():
-    """Unknown formats, NZ on 1-D tensors, bad perms and devices are refused naming the op."""
+    """Unknown formats, bad perms and devices are refused naming the op."""
     x = randn(2, 3, 4).npu()
     with pytest.raises(RuntimeError, match=r"npu_format_cast: acl_format must be one of torch_npu.Format's values"):
         ops.npu_format_cast(x, 5)
-    with pytest.raises(RuntimeError, match="npu_format_cast_: FRACTAL_NZ needs at least 2 dimensions, got 1-D"):
-        ops.npu_format_cast_(torch.ones(4, device="npu"), 29)
     with pytest.raises(RuntimeError, match=r"npu_confusion_transpose: perm must be a permutation of range\(3\)"):
         ops.npu_confusion_transpose(x, [0, 0, 1], [2, 12], True)
     with pytest.raises(RuntimeError, match="npu_confusion_transpose: cannot reshape to the given perm / shape"):

@@ -13,6 +13,7 @@ from torch._subclasses.fake_tensor import FakeTensorMode
 from torch.testing import assert_close
 
 from _fused_util import DTYPES, assert_device_errors, assert_matches, gradcheck, opcheck, randn
+from npusim.compat import torch_npu as torch_npu_shim
 
 ops = torch.ops.npu
 
@@ -314,6 +315,40 @@ def test_moe_token_permute_gradcheck():
     gradcheck(lambda t: ops.npu_moe_token_permute(t, indices, 8)[0], randn(5, 3))
     sorted_indices = ops.npu_moe_token_permute(randn(5, 3).npu(), indices)[1]
     gradcheck(lambda p, w: ops.npu_moe_token_unpermute(p, sorted_indices, w), randn(10, 3), randn(5, 2, seed=1))
+
+
+def test_backward_ops_are_torch_npu_names():
+    """op-plugin's backward ops are torch_npu.<op> (torch_npu binds every op of op-plugin's yaml), npusim's own
+    helpers are not; called directly, the permute / unpermute / RMSNorm grads equal autograd's gradients."""
+    shim = torch_npu_shim.install()
+    try:
+        for name in ("npu_rms_norm_backward", "npu_moe_token_permute_grad", "npu_moe_token_permute_grad_v2",
+                     "npu_moe_token_unpermute_grad", "npu_moe_token_unpermute_grad_v2", "npu_rotary_mul_backward",
+                     "npu_swiglu_backward", "npu_moe_gating_top_k_backward", "npu_fusion_attention_grad"):
+            assert getattr(shim, name) is getattr(ops, name), name
+        assert not hasattr(shim, "_npu_apply_rotary_pos_emb")
+        tokens, indices = randn(6, 5).npu(), _experts(6, 2, 4).long().npu()
+        permuted, sorted_indices = ops.npu_moe_token_permute(tokens, indices)
+        grad = randn(*permuted.shape, seed=7).npu()
+        leaf = tokens.clone().requires_grad_()
+        ops.npu_moe_token_permute(leaf, indices)[0].backward(grad)
+        dtokens = shim.npu_moe_token_permute_grad(tokens, grad, indices, sorted_indices)
+        assert_matches(dtokens, leaf.grad.cpu())
+        probs, dout = randn(6, 2, seed=8).npu(), randn(6, 5, seed=9).npu()
+        leaves = [permuted.clone().requires_grad_(), probs.clone().requires_grad_()]
+        ops.npu_moe_token_unpermute(leaves[0], sorted_indices, leaves[1]).backward(dout)
+        dpermuted, dprobs = shim.npu_moe_token_unpermute_grad(permuted, dout, sorted_indices, probs)
+        assert_matches(dpermuted, leaves[0].grad.cpu())
+        assert_matches(dprobs, leaves[1].grad.cpu())
+        x, gamma = randn(4, 8).npu(), randn(8, seed=1).npu()
+        rstd = ops.npu_rms_norm(x, gamma)[1]
+        leaves = [x.clone().requires_grad_(), gamma.clone().requires_grad_()]
+        ops.npu_rms_norm(*leaves)[0].backward(dout[:4, :1].expand(4, 8).contiguous())
+        dx, dgamma = shim.npu_rms_norm_backward(dout[:4, :1].expand(4, 8).contiguous(), x, gamma, rstd)
+        assert_matches(dx, leaves[0].grad.cpu())
+        assert_matches(dgamma, leaves[1].grad.cpu())
+    finally:
+        torch_npu_shim.uninstall()
 
 
 # -- grouped matmul ------------------------------------------------------------------------------------------------

@@ -28,8 +28,9 @@ def define(schema: str, *, public: bool = True, tags: tuple[torch.Tag, ...] = ()
     """Defines ``npu::<schema>`` and returns its qualified name (``"npu::npu_rms_norm"``,
     ``"npu::npu_grouped_matmul.List"`` for an overload).
 
-    ``public`` ops are what torch_npu exposes as ``torch_npu.<name>``; backward and helper
-    ops that torch_npu keeps internal are defined with ``public=False``. ``tags`` are the
+    ``public`` ops are what torch_npu exposes as ``torch_npu.<name>``: every op of op-plugin's
+    yaml, backward ops included (torch_npu binds them all); npusim's own helper ops, which
+    op-plugin does not have, are defined with ``public=False``. ``tags`` are the
     op's tags in op-plugin's yaml (``nondeterministic_seeded`` for ops that draw random
     numbers, which torch.compile must neither deduplicate nor recompute).
     """

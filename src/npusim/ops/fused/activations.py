@@ -18,16 +18,15 @@ from npusim.ops.fused._checks import check, check_dtype, check_shape, upcast
 from npusim.ops.fused._library import define, implement, register_autograd
 
 SWIGLU = define("npu_swiglu(Tensor self, int dim=-1) -> Tensor")
-SWIGLU_BACKWARD = define("npu_swiglu_backward(Tensor grad_output, Tensor self, int dim=-1) -> Tensor", public=False)
+SWIGLU_BACKWARD = define("npu_swiglu_backward(Tensor grad_output, Tensor self, int dim=-1) -> Tensor")
 GEGLU = define("npu_geglu(Tensor self, int dim=-1, int approximate=1, bool activate_left=False) -> (Tensor, Tensor)")
 GEGLU_GRAD = define("npu_geglu_grad(Tensor grad_output, Tensor self, Tensor gelu, int dim=-1, int approximate=1, "
-                    "bool activate_left=False) -> Tensor", public=False)
+                    "bool activate_left=False) -> Tensor")
 GELU = define("npu_gelu(Tensor self, *, str approximate='none') -> Tensor")
-GELU_BACKWARD = define("npu_gelu_backward(Tensor grad_output, Tensor self, *, str approximate='none') -> Tensor",
-                       public=False)
+GELU_BACKWARD = define("npu_gelu_backward(Tensor grad_output, Tensor self, *, str approximate='none') -> Tensor")
 FAST_GELU = define("npu_fast_gelu(Tensor self) -> Tensor")
 FAST_GELU_PLAIN = define("fast_gelu(Tensor self) -> Tensor")
-FAST_GELU_BACKWARD = define("npu_fast_gelu_backward(Tensor grad, Tensor self) -> Tensor", public=False)
+FAST_GELU_BACKWARD = define("npu_fast_gelu_backward(Tensor grad, Tensor self) -> Tensor")
 
 _SQRT_2_OVER_PI = math.sqrt(2.0 / math.pi)
 

@@ -22,11 +22,25 @@ sizes it was allocated with); ``torch.empty_like`` of a cast tensor starts at th
 (torch_npu's ``empty_like`` keeps a private format); and ``npu_format_cast`` always returns a
 new tensor (torch_npu returns the input itself, re-labelled, when source and target are both
 base formats).
+
+Note [Format casts that land elsewhere]
+~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~
+Two casts do not record the format asked for, as torch_npu's own tests
+(``test/test_base_ops/test_format_cast.py`` in Ascend/op-plugin) observe:
+
+- a 4-D tensor in a private format of the NCHW group (NC1HWC0, FRACTAL_Z, NC1HWC0_C04) cast
+  to ND comes back NCHW: torch_npu casts across groups through the source's base format
+  (``FormatCastHelper::format_cast_between_group``), and the test checks NC1HWC0 -> ND gives
+  NCHW. (The 5-D casts of that test, NDC1HWC0 / FRACTAL_Z_3D -> ND, do give ND.) npusim
+  applies the rule to the three NCHW-group formats alike;
+- a tensor of fewer than 2 dimensions cast to FRACTAL_NZ stays ND with a warning
+  (``InferFormat::GuessStorageFormat``: "Cannot create tensor with NZ format while dim < 2").
 """
 
 from __future__ import annotations
 
 import enum
+import warnings
 import weakref
 
 import torch
@@ -38,7 +52,7 @@ from npusim.ops.fused._library import LIB, define, implement, register_autograd
 CONFUSION_TRANSPOSE = define("npu_confusion_transpose(Tensor self, int[] perm, int[] shape, bool transpose_first) "
                              "-> Tensor")
 CONFUSION_TRANSPOSE_BACKWARD = define("npu_confusion_transpose_backward(Tensor grad, int[] perm, SymInt[] shape, "
-                                      "bool transpose_first) -> Tensor", public=False)
+                                      "bool transpose_first) -> Tensor")
 # The format calls are torch_npu's own (torch_npu/csrc/aten/npu_native_functions.yaml), not op-plugin's.
 GET_NPU_FORMAT = define("get_npu_format(Tensor self) -> int")
 FORMAT_CAST = define("npu_format_cast(Tensor self, int acl_format, *, int? customize_dtype=None, "
@@ -89,8 +103,21 @@ def _target(op: str, t: Tensor, acl_format: int) -> Format:
                                                        f"{sorted(Format._value2member_map_)}, got {acl_format}")
     target = Format(acl_format)
     check(target != Format.UNDEFINED, op, "acl_format must name a format, got UNDEFINED (-1)")
-    if target == Format.FRACTAL_NZ:
-        check(t.dim() >= 2, op, f"FRACTAL_NZ needs at least 2 dimensions, got {t.dim()}-D (shape {tuple(t.shape)})")
+    return _landing(t, target)
+
+
+# The private formats of the NCHW group. See Note [Format casts that land elsewhere].
+_NCHW_GROUP = (Format.NC1HWC0, Format.FRACTAL_Z, Format.NC1HWC0_C04)
+
+
+def _landing(t: Tensor, target: Format) -> Format:
+    """The format a cast of t to target records. See Note [Format casts that land elsewhere]."""
+    if target == Format.FRACTAL_NZ and t.dim() < 2:
+        warnings.warn("Cannot create tensor with NZ format while dim < 2, tensor will be created with ND format.",
+                      stacklevel=3)
+        return Format.ND
+    if target == Format.ND and t.dim() == 4 and format_of(t) in _NCHW_GROUP:
+        return Format.NCHW
     return target
 
 
@@ -194,7 +221,7 @@ def format_cast(t: Tensor, acl_format: int, *, customize_dtype: int | None = Non
 def format_cast_tensor(t: Tensor, dst: Tensor, *, customize_dtype: int | None = None,
                        input_dtype: int | None = None) -> Tensor:
     """A copy of t in dst's format."""
-    return _cast(t, format_of(dst))
+    return _cast(t, _landing(t, format_of(dst)))
 
 
 def format_cast_(t: Tensor, acl_format: int, *, customize_dtype: int | None = None,
@@ -206,7 +233,7 @@ def format_cast_(t: Tensor, acl_format: int, *, customize_dtype: int | None = No
 
 def format_cast_like_(t: Tensor, src: Tensor, *, customize_dtype: int | None = None,
                       input_dtype: int | None = None) -> Tensor:
-    _FORMATS[t.untyped_storage()] = format_of(src)
+    _FORMATS[t.untyped_storage()] = _landing(t, format_of(src))
     return t
 
 

@@ -24,8 +24,7 @@ TOP_K = define("npu_moe_gating_top_k(Tensor x, int k, *, Tensor? bias=None, Tens
                "int norm_type=0, bool out_flag=False, float routed_scaling_factor=1.0, float eps=1e-20) "
                "-> (Tensor, Tensor, Tensor)")
 TOP_K_BACKWARD = define("npu_moe_gating_top_k_backward(Tensor x_norm, Tensor grad_y, Tensor expertIdx, *, "
-                        "int renorm=0, int norm_type=0, float routed_scaling_factor=1.0, float eps=1e-20) -> Tensor",
-                        public=False)
+                        "int renorm=0, int norm_type=0, float routed_scaling_factor=1.0, float eps=1e-20) -> Tensor")
 
 _INDEX = (torch.int32, torch.int64)
 

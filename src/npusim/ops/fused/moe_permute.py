@@ -20,19 +20,18 @@ from npusim.ops.fused._library import define, implement, register_autograd
 PERMUTE = define("npu_moe_token_permute(Tensor tokens, Tensor indices, int? num_out_tokens=None, "
                  "bool padded_mode=False) -> (Tensor, Tensor)")
 PERMUTE_GRAD = define("npu_moe_token_permute_grad(Tensor tokens, Tensor grad_permuted_tokens, Tensor indices, "
-                      "Tensor sorted_indices, bool padded_mode=False) -> Tensor", public=False)
+                      "Tensor sorted_indices, bool padded_mode=False) -> Tensor")
 PERMUTE_GRAD_V2 = define("npu_moe_token_permute_grad_v2(Tensor grad_permuted_tokens, Tensor sorted_indices, "
-                         "int tokens_size_0, ScalarType tokens_dtype, int num_topK, bool padded_mode=False) -> Tensor",
-                         public=False)
+                         "int tokens_size_0, ScalarType tokens_dtype, int num_topK, bool padded_mode=False) -> Tensor")
 UNPERMUTE = define("npu_moe_token_unpermute(Tensor permuted_tokens, Tensor sorted_indices, Tensor? probs=None, "
                    "bool padded_mode=False, int[]? restore_shape=None) -> Tensor")
 UNPERMUTE_GRAD = define("npu_moe_token_unpermute_grad(Tensor permuted_tokens, Tensor grad_unpermuted_tokens, "
                         "Tensor sorted_indices, Tensor? probs=None, bool padded_mode=False, "
-                        "int[]? restore_shape=None) -> (Tensor, Tensor)", public=False)
+                        "int[]? restore_shape=None) -> (Tensor, Tensor)")
 UNPERMUTE_GRAD_V2 = define("npu_moe_token_unpermute_grad_v2(Tensor grad_unpermuted_tokens, Tensor sorted_indices, "
                            "int permuted_tokens_size_0, ScalarType permuted_tokens_dtype, Tensor? probs=None, "
                            "bool padded_mode=False, int[]? restore_shape=None, Tensor? permuted_tokens=None) "
-                           "-> (Tensor, Tensor)", public=False)
+                           "-> (Tensor, Tensor)")
 
 _INDEX = (torch.int32, torch.int64)
 

@@ -20,7 +20,7 @@ from npusim.ops.fused._library import define, implement, no_derivative, register
 
 RMS_NORM = define("npu_rms_norm(Tensor self, Tensor gamma, float epsilon=1e-06) -> (Tensor, Tensor)")
 RMS_NORM_BACKWARD = define("npu_rms_norm_backward(Tensor dy, Tensor self, Tensor gamma, Tensor rstd) "
-                           "-> (Tensor, Tensor)", public=False)
+                           "-> (Tensor, Tensor)")
 GEMMA_RMS_NORM = define("npu_gemma_rms_norm(Tensor self, Tensor gamma, float epsilon=1e-06) -> (Tensor, Tensor)")
 ADD_RMS_NORM = define("npu_add_rms_norm(Tensor x1, Tensor x2, Tensor gamma, float epsilon=1e-06) "
                       "-> (Tensor, Tensor, Tensor)")

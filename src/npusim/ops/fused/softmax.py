@@ -18,7 +18,7 @@ from npusim.ops.fused._library import define, implement, register_autograd
 SCALED_MASKED_SOFTMAX = define("npu_scaled_masked_softmax(Tensor x, Tensor mask, Scalar scale=1, "
                                "bool fixed_triu_mask=False) -> Tensor")
 SCALED_MASKED_SOFTMAX_BACKWARD = define("npu_scaled_masked_softmax_backward(Tensor y_grad, Tensor y, Tensor mask, "
-                                        "Scalar scale, bool fixed_triu_mask) -> Tensor", public=False)
+                                        "Scalar scale, bool fixed_triu_mask) -> Tensor")
 
 _MASKED = -10000.0
 
