@@ -277,6 +277,28 @@ def test_snapshot_segments_blocks_and_memory_viz(clean_npu, tmp_path):
     assert "<html>" in _memory_viz.trace_plot(loaded).lower()
 
 
+def test_snapshot_with_fx_traces_and_torch_npu_memory_viz(clean_npu, tmp_path):
+    """_snapshot / _dump_snapshot take torch.cuda's augment_with_fx_traces (the snapshot, run through torch's FX
+    augmentation, keeps its segments); torch_npu.npu._memory_viz's flame graphs (torch_npu's
+    format_flamegraph_func) list each live block of the npu snapshot under its stream and segment."""
+    from npusim.runtime import memory_viz
+
+    x = blob(1000)
+    plain = torch.npu.memory._snapshot()  # noqa: SLF001
+    augmented = torch.npu.memory._snapshot(augment_with_fx_traces=True)  # noqa: SLF001
+    assert augmented["segments"] == plain["segments"] and set(augmented) == set(plain)
+    torch.npu.memory._dump_snapshot(str(tmp_path / "fx.pickle"), augment_with_fx_traces=True)  # noqa: SLF001
+    assert pickle.loads((tmp_path / "fx.pickle").read_bytes())["segments"] == plain["segments"]
+    seg = segment_of(x.data_ptr())
+    lines = memory_viz.segments(augmented, format_flamegraph_func=lambda text: text.splitlines())
+    assert f"stream_0;seg_{seg['address']};active_allocated;<non-python> 1000" in lines
+    by_stream = memory_viz.memory(augmented, format_flamegraph_func=lambda text: text)
+    assert "stream_0;active_allocated;<non-python> 1000" in by_stream
+    with pytest.raises(ValueError, match="expected a snapshot of torch.npu.memory._snapshot"):
+        memory_viz.segments({"device_traces": []})
+    assert memory_viz._block_extra is _memory_viz._block_extra  # noqa: SLF001  (torch_npu's tests import it)
+
+
 def test_cache_stays_bounded_when_sizes_keep_changing(clean_npu):
     """Issue 24's loop over shrinking sizes (500 sizes from 5 MiB down to 0.6 MiB: the exact-size cache reserved
     every one, about 1400 MiB) and conv2d from two threads with shrinking images (4481 MiB for 512x512 images,

@@ -206,8 +206,13 @@ def test_torch_npu_graph_tree_is_npusims_under_npusim_run() -> None:
             NPUGraphTreeManager,
             NPUWarmupNode,
             TreeManagerContainer,
+            _use_npu_memory_pool_manager,
+            check_memory_pool,
+            enable_history_recording,
+            get_block_addrs,
             get_container,
             get_manager,
+            get_npugraph_segments,
             npugraphify,
             npugraphify_impl,
             reset_npugraph_trees,
@@ -219,11 +224,99 @@ def test_torch_npu_graph_tree_is_npusims_under_npusim_run() -> None:
         assert get_container(0) is get_container(0) and get_container(0) is not get_container(1)
         assert NPUGraphTreeManager is graph_trees.NPUGraphTreeManager and NPUGraphNode is graph_trees.NPUGraphNode
         imported = (CompilationMode, FunctionID, NPUWarmupNode, TreeManagerContainer, get_manager, npugraphify,
-                    npugraphify_impl, reset_npugraph_trees)
+                    npugraphify_impl, reset_npugraph_trees, _use_npu_memory_pool_manager, check_memory_pool,
+                    enable_history_recording, get_block_addrs, get_npugraph_segments)
         names = ("CompilationMode", "FunctionID", "NPUWarmupNode", "TreeManagerContainer", "get_manager",
-                 "npugraphify", "npugraphify_impl", "reset_npugraph_trees")
+                 "npugraphify", "npugraphify_impl", "reset_npugraph_trees", "_use_npu_memory_pool_manager",
+                 "check_memory_pool", "enable_history_recording", "get_block_addrs", "get_npugraph_segments")
         for name, obj in zip(names, imported, strict=True):
             assert obj is getattr(graph_trees, name), name
     finally:
         shim.uninstall()
     assert "_graph_tree" not in vars(torch.npu) and "__path__" not in vars(torch.npu)
+
+
+def _pool_with_two_live_outputs() -> tuple[torch.npu.NPUGraph, tuple[int, int], torch.Tensor, torch.Tensor]:
+    """A graph captured into a fresh pool whose two outputs are the pool's only live blocks."""
+    pool = torch.npu.graph_pool_handle()
+    graph = torch.npu.NPUGraph()
+    x = torch.ones(1024, device="npu")
+    with torch.npu.graph(graph, pool=pool):
+        y = x * 2
+        z = y + 1
+    return graph, pool, y, z
+
+
+def test_pool_segments_and_block_addresses_are_the_allocators() -> None:
+    """get_npugraph_segments / get_block_addrs read torch.npu.memory_snapshot(): the pool's live blocks are the
+    graph's two outputs; with live_only=False the free remainder of the segment is listed too."""
+    from npusim.compile import graph_trees
+
+    graph, pool, y, z = _pool_with_two_live_outputs()
+    segments = graph_trees.get_npugraph_segments(pool)
+    assert segments and {s["segment_pool_id"] for s in segments} == {pool}
+    assert sorted(graph_trees.get_block_addrs(pool)) == sorted([y.data_ptr(), z.data_ptr()])
+    every = graph_trees.get_block_addrs(pool, live_only=False)
+    assert set(every) > {y.data_ptr(), z.data_ptr()}
+    assert graph_trees.get_block_addrs(torch.npu.graph_pool_handle()) == []  # a pool nothing allocated in
+    del graph
+
+
+def test_check_memory_pool_accepts_exactly_the_live_storages() -> None:
+    """check_memory_pool passes when the live storages are the pool's allocated blocks; a storage outside the pool
+    and a pool block no storage accounts for raise CUDA's messages; a freed output leaves the check."""
+    from npusim.compile.graph_trees import StorageWeakRefWrapper, check_memory_pool
+
+    graph, pool, y, z = _pool_with_two_live_outputs()
+    check_memory_pool(0, pool, [StorageWeakRefWrapper(y), StorageWeakRefWrapper(z)])
+    outside = torch.empty(8, device="npu")
+    with pytest.raises(RuntimeError, match=rf"not allocated in pool \({pool[0]}, {pool[1]}\) but should be "
+                                           rf"\{{{outside.data_ptr()}\}}"):
+        check_memory_pool(0, pool, [StorageWeakRefWrapper(t) for t in (y, z, outside)])
+    with pytest.raises(RuntimeError, match=f"Data Pointer: {y.data_ptr()}, history"):
+        check_memory_pool("npu:0", pool, [StorageWeakRefWrapper(z)])
+    with pytest.raises(RuntimeError, match=r"check all\(isinstance\(elem, StorageWeakRefWrapper\).*got \['int'\]"):
+        check_memory_pool(0, pool, [1, 2])
+    del y
+    check_memory_pool(0, pool, [StorageWeakRefWrapper(z)])
+    del graph
+
+
+def test_memory_pool_manager_allocates_in_the_graph_pool_on_its_stream() -> None:
+    """_use_npu_memory_pool_manager routes the thread's allocations to the pool on the given stream, and only
+    inside the block; the current stream is restored."""
+    from npusim.compile.graph_trees import _use_npu_memory_pool_manager, get_block_addrs
+
+    graph, pool, _, _ = _pool_with_two_live_outputs()
+    side = torch.npu.Stream()
+    before = torch.npu.current_stream()
+    with _use_npu_memory_pool_manager(0, pool, side):
+        assert torch.npu.current_stream() == side
+        inside = torch.empty(4096, device="npu")
+    outside = torch.empty(4096, device="npu")
+    assert torch.npu.current_stream() == before
+    assert inside.data_ptr() in get_block_addrs(pool) and outside.data_ptr() not in get_block_addrs(pool)
+    del graph
+
+
+def test_enable_history_recording_records_only_inside_unless_already_on() -> None:
+    """enable_history_recording turns the allocator's history on for its block and off after, and leaves a
+    recording someone else started running."""
+    from npusim.compile.graph_trees import enable_history_recording
+
+    memory = torch.npu.memory
+    assert not memory._npu_isHistoryEnabled()
+    with enable_history_recording():
+        assert memory._npu_isHistoryEnabled()
+        t = torch.empty(1000, device="npu")
+        traced = [e for e in memory._snapshot()["device_traces"][0] if e["action"] == "alloc"]
+        assert traced and traced[-1]["addr"] == t.data_ptr()
+    assert not memory._npu_isHistoryEnabled()
+    memory._record_memory_history()
+    try:
+        with enable_history_recording():
+            pass
+        assert memory._npu_isHistoryEnabled()
+    finally:
+        memory._record_memory_history(None)
+    assert not memory._npu_isHistoryEnabled()

@@ -48,6 +48,7 @@ tree's graphs (Note [NPU graph memory]), so no pool state is checkpointed.
 from __future__ import annotations
 
 import contextlib
+import gc
 import logging
 import threading
 import weakref
@@ -72,15 +73,17 @@ from torch._inductor.cudagraph_trees import (
 from torch._inductor.cudagraph_utils import FunctionID, WrappedFunction, log_cudagraph_skip_and_bump_counter
 from torch._prims_common import is_non_overlapping_and_dense_or_false
 
-from npusim.runtime import acl, graphs
+from npusim.runtime import acl, graphs, memory
 from npusim.runtime.streams import Stream, current_stream
+from npusim.runtime.streams import stream as stream_context
 
 __all__ = [
     "AliasesNewOutput", "AliasesPriorGraphOutput", "CompilationMode", "ExecutionState", "FunctionID", "GraphID",
     "NPUGraphNode", "NPUGraphTreeManager", "NPUWarmupNode", "OutputAliasInfo", "StorageWeakRefWrapper",
-    "TreeManagerContainer", "UnaliasedStorage", "WrappedFunction", "clear_cublas_manager", "clear_cublass_cache",
-    "disable_conv_cache_emptying", "format_tb", "get_container", "get_manager",
-    "local", "npugraphified", "npugraphify", "npugraphify_impl", "reset_npugraph_trees",
+    "TreeManagerContainer", "UnaliasedStorage", "WrappedFunction", "check_memory_pool", "clear_cublas_manager",
+    "clear_cublass_cache", "disable_conv_cache_emptying", "enable_history_recording", "format_tb", "get_block_addrs",
+    "get_container", "get_history_recording", "get_manager", "get_npugraph_segments", "local", "npugraphified",
+    "npugraphify", "npugraphify_impl", "reset_npugraph_trees",
 ]
 
 log = logging.getLogger(__name__)
@@ -113,6 +116,98 @@ def clear_cublas_manager() -> Generator[None, None, None]:
 def disable_conv_cache_emptying() -> Generator[None, None, None]:
     """CUDA's trees stop cuDNN's benchmark from emptying the cache; the npu has no cuDNN benchmark."""
     yield
+
+
+@contextlib.contextmanager
+def enable_history_recording() -> Generator[None, None, None]:
+    """Records the allocator's history (``torch.npu.memory._record_memory_history``) inside the block unless
+    it already is, and stops it after only then, as CUDA's trees do around a recording."""
+    enabled = memory._npu_isHistoryEnabled()
+    try:
+        if not enabled:
+            torch.npu.memory._record_memory_history()
+        yield
+    finally:
+        if not enabled:
+            torch.npu.memory._record_memory_history(None)
+
+
+def get_history_recording() -> contextlib.AbstractContextManager[None]:
+    """:func:`enable_history_recording` when ``config.triton.cudagraph_trees_history_recording`` asks for it."""
+    if not config.triton.cudagraph_trees_history_recording:
+        return contextlib.nullcontext()
+    return enable_history_recording()
+
+
+@contextlib.contextmanager
+def _use_npu_memory_pool_manager(device: int, mem_pool: tuple[int, int], stream: Stream
+                                 ) -> Generator[None, None, None]:
+    """Routes the calling thread's allocations on ``device`` to graph pool ``mem_pool`` on ``stream``, as
+    CUDA's ``_use_cuda_memory_pool_manager``: the device is synchronized, ``stream`` follows the current
+    stream in and the current stream follows it out. The pool must exist already (a graph captured into
+    it holds it): this holds it only while the block runs."""
+    torch.npu.synchronize()
+    stream.wait_stream(current_stream())
+    with stream_context(stream), torch.device("npu", device):
+        acl.begin_allocate_current_thread_to_pool(device, tuple(mem_pool))
+        try:
+            yield
+        finally:
+            acl.end_allocate_to_pool(device, tuple(mem_pool))
+            acl.release_pool(device, tuple(mem_pool))
+    current_stream().wait_stream(stream)
+
+
+# ---- what is allocated in a tree's pool -------------------------------------------------
+
+def get_npugraph_segments(pool_id: tuple[int, int]) -> list[dict[str, Any]]:
+    """The segments of ``torch.npu.memory_snapshot()`` that belong to graph pool ``pool_id``."""
+    return [segment for segment in torch.npu.memory_snapshot() if segment["segment_pool_id"] == tuple(pool_id)]
+
+
+def get_block_addrs(pool_id: tuple[int, int], live_only: bool = True) -> list[int]:
+    """The addresses of the pool's blocks (only the allocated ones when ``live_only``), segment by segment."""
+    addrs = []
+    for segment in get_npugraph_segments(pool_id):
+        addr = segment["address"]
+        for block in segment["blocks"]:
+            if not live_only or block["state"] == "active_allocated":
+                addrs.append(addr)
+            addr += block["size"]
+    return addrs
+
+
+def check_memory_pool(device: int | str | torch.device, pool_id: tuple[int, int],
+                      live_storages_ptrs: list[StorageWeakRefWrapper]) -> None:
+    """Checks that the blocks allocated in graph pool ``pool_id`` are exactly the live storages given, as
+    CUDA's trees do: raises naming the storages the pool does not hold, then the pool's allocated
+    blocks nothing accounts for (with their allocation frames where history was recorded)."""
+    if not all(isinstance(elem, StorageWeakRefWrapper) for elem in live_storages_ptrs):
+        raise RuntimeError("check all(isinstance(elem, StorageWeakRefWrapper) for elem in live_storages_ptrs) fail: "
+                           f"check_memory_pool on {device} expects StorageWeakRefWrapper elements, got "
+                           f"{sorted({type(elem).__name__ for elem in live_storages_ptrs})}")
+    unique_storages = {stor.data_ptr() for stor in live_storages_ptrs if stor()}
+    if memory._npu_checkPoolLiveAllocations(device, pool_id, unique_storages):
+        return  # the fast path: the allocator's view agrees, no snapshot needed
+    # A dead tensor may not have been collected yet: it would show as an unaccounted block.
+    gc.collect()
+    unaccounted: dict[int, dict[str, Any]] = {}
+    for segment in get_npugraph_segments(pool_id):
+        addr = segment["address"]
+        for block in segment["blocks"]:
+            if block["state"] == "active_allocated":
+                if addr in unique_storages:
+                    unique_storages.remove(addr)
+                else:
+                    unaccounted[addr] = block
+            addr += block["size"]
+    torch._check(len(unique_storages) == 0,
+                 lambda: f"These storage data ptrs are not allocated in pool {pool_id} but should be {unique_storages}")
+    if unaccounted:
+        formatted = "\n".join(f"Data Pointer: {ptr}, history: \n{format_tb(block.get('frames', []))}"
+                               for ptr, block in unaccounted.items())
+        raise RuntimeError("These live storage data ptrs are in the npugraph pool but not accounted for as an output "
+                           f"of npugraph trees (pool {pool_id} on {device}): \n\n{formatted}")
 
 
 # ---- the nodes --------------------------------------------------------------------------

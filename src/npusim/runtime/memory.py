@@ -236,7 +236,8 @@ def _read_alloc_conf() -> None:
 def _set_allocator_settings(settings: str) -> None:
     """torch_npu's ``torch.npu.memory._set_allocator_settings``: re-parses ``settings`` now, with the keys
     torch_npu allows there (``expandable_segments``, ``max_split_size_mb``, ``max_non_split_rounding_mb``,
-    ``per_process_memory_fraction``, ...; others raise ``ValueError``). As in torch_npu, the
+    ``per_process_memory_fraction``, ...) and ``roundup_power2_divisions`` as torch.cuda's; others raise
+    ``ValueError``. As in torch_npu, the
     environment's settings are read first, and ``max_split_size_mb``, ``garbage_collection_threshold``
     and ``roundup_power2_divisions`` return to their defaults unless given."""
     acl.ensure_allocator_settings()
@@ -323,14 +324,23 @@ def _npu_checkPoolLiveAllocations(device: int, pool: tuple[int, int], expected: 
 
 # ---- snapshots and history (torch.cuda.memory._snapshot, ...) ----------------
 
-def _snapshot(device: _device_t = None) -> dict[str, Any]:
-    """Segments of every device and each device's alloc / free trace (while recording)."""
-    return {
+def _snapshot(device: _device_t = None, augment_with_fx_traces: bool = False) -> dict[str, Any]:
+    """Segments of every device and each device's alloc / free trace (while recording).
+
+    ``augment_with_fx_traces``: as torch.cuda, frames of FX-generated code get their node and the model
+    source behind it (``torch._utils._augment_memory_snapshot_stack_traces``); npusim records no stack
+    frames (see :func:`_record_memory_history`), so today no frame is mapped."""
+    snapshot = {
         "segments": acl.memory_snapshot(),
         "device_traces": [acl.memory_trace(index) for index in range(acl.device_count())],
         # What the allocator holds, and the keys accepted without effect (Note [Allocator settings]).
         "allocator_settings": {**acl.allocator_settings(), "without_effect": dict(_conf.without_effect)},
     }
+    if augment_with_fx_traces:
+        from torch._utils import _augment_memory_snapshot_stack_traces
+
+        snapshot = _augment_memory_snapshot_stack_traces(snapshot)
+    return snapshot
 
 
 def memory_snapshot(mempool_id: tuple[int, int] | None = None) -> list[dict[str, Any]]:
@@ -347,14 +357,26 @@ def _record_memory_history(enabled: str | None = "all", context: str | None = "a
 
     npusim records actions, addresses, sizes, streams and times; no stack frames (``frames`` is empty).
     """
+    global _history_enabled
     if enabled not in (None, "all", "state"):
         raise ValueError(f"_record_memory_history: enabled must be None, 'state' or 'all', got {enabled!r}")
     acl.record_memory_history(enabled == "all", max_entries if enabled == "all" else 0)
+    _history_enabled = enabled is not None
 
 
-def _dump_snapshot(filename: str = "dump_snapshot.pickle") -> None:
+# Whether _record_memory_history last turned recording on (the only caller of acl.record_memory_history).
+_history_enabled = False
+
+
+def _npu_isHistoryEnabled() -> bool:  # noqa: N802  (torch_npu's name)
+    """CUDA's ``_cuda_isHistoryEnabled``: whether :func:`_record_memory_history` recording is on."""
+    return _history_enabled
+
+
+def _dump_snapshot(filename: str = "dump_snapshot.pickle", augment_with_fx_traces: bool = False) -> None:
+    """Pickles :func:`_snapshot` to ``filename`` (the file pytorch.org/memory_viz and ``_memory_viz`` read)."""
     with open(filename, "wb") as out:
-        pickle.dump(_snapshot(), out)
+        pickle.dump(_snapshot(augment_with_fx_traces=augment_with_fx_traces), out)
 
 
 def memory_summary(device: _device_t = None, abbreviated: bool = False) -> str:

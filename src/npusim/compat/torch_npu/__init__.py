@@ -95,6 +95,7 @@ class _NotSimulatedLoader(importlib.abc.Loader):
 # torch_npu's modules that are npusim modules under another name, imported when a script imports them.
 ALIASED_MODULES: dict[str, str] = {
     "torch_npu.npu._graph_tree": "npusim.compile.graph_trees",  # torch.compile(mode="reduce-overhead")'s trees
+    "torch_npu.npu._memory_viz": "npusim.runtime.memory_viz",  # flame graphs and plots of memory snapshots
 }
 
 
