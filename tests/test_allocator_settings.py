@@ -179,6 +179,31 @@ def test_set_allocator_settings_reparses_at_run_time(clean_npu):
     assert torch.npu.get_per_process_memory_fraction(2) == 1.0
 
 
+def test_set_allocator_settings_takes_roundup_power2_divisions(clean_npu):
+    """_set_allocator_settings accepts roundup_power2_divisions as PYTORCH_NPU_ALLOC_CONF does (torch_npu's
+    test_allocator_settings): with 4 divisions an 84 MiB request takes 96 MiB, the next parse without the key
+    goes back to the 2 MiB rounding, and the list form applies per size."""
+    memory = torch.npu.memory
+    nbytes = 21 * MIB * 4  # torch_npu's test: 21 Mi float32 elements
+
+    def allocated_by(settings: str) -> int:
+        memory._set_allocator_settings(settings)
+        before = stat("active_bytes.all.allocated")
+        x = torch.empty(nbytes // 4, device="npu")
+        grown = stat("active_bytes.all.allocated") - before
+        del x
+        torch.npu.empty_cache()  # the next request must not reuse this block
+        return grown
+
+    try:
+        assert allocated_by("roundup_power2_divisions:4") == 96 * MIB  # 64 MiB + 2 steps of 16 MiB
+        assert memory._snapshot()["allocator_settings"]["roundup_power2_divisions"][6] == 4  # the [64, 128) interval
+        assert allocated_by("max_split_size_mb:40") == nbytes  # reset: no divisions
+        assert allocated_by("roundup_power2_divisions:[64:8,128:2,>:1]") == 88 * MIB  # 64 MiB + 3 steps of 8 MiB
+    finally:
+        memory._set_allocator_settings("")
+
+
 def test_garbage_collection_threshold_frees_the_oldest_cached_blocks():
     """Over threshold x limit, cached unsplit large blocks are freed, those older than the average first, before a
     new segment is mapped: three 30 MiB blocks older than a 40 MiB one go, the 40 MiB stays."""

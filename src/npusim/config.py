@@ -211,11 +211,13 @@ ALLOC_CONF_WITHOUT_EFFECT = (
     "pinned_max_cached_size_mb", "pin_memory_expandable_segments", "pinned_mem_register",
     "pinned_reserve_segment_size_mb",
 )
-# What torch_npu's torch.npu.memory._set_allocator_settings accepts.
+# What torch.npu.memory._set_allocator_settings accepts: torch_npu's setAllocatorSettings list, plus
+# roundup_power2_divisions, which torch.cuda's accepts and torch_npu's own test_npu.py
+# (test_allocator_settings) sets at run time; it is read per allocation, so a change applies to the next one.
 ALLOC_CONF_RUNTIME_KEYS = frozenset((
     "expandable_segments", "max_split_size_mb", "max_non_split_rounding_mb", "release_lock_on_npumalloc",
     "throw_on_npumalloc_oom", "per_process_memory_fraction", "pinned_max_round_threshold_mb",
-    "pinned_max_cached_size_mb",
+    "pinned_max_cached_size_mb", "roundup_power2_divisions",
 ))
 _MIB = 1 << 20
 _DIVISION_INTERVALS = 16  # [1, 2) MiB, [2, 4) MiB, ..., >= 32 GiB
