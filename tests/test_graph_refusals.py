@@ -183,3 +183,21 @@ def test_get_currently_capturing_graph() -> None:
         assert torch.npu.NPUGraph.get_currently_capturing_graph() is g
     with pytest.raises(RuntimeError, match="The current stream is not currently capturing."):
         torch.npu.NPUGraph.get_currently_capturing_graph()
+
+
+def test_get_currently_capturing_graph_refuses_an_accelerator_graph_capture() -> None:
+    """Inside a torch.accelerator.Graph capture, NPUGraph.get_currently_capturing_graph raises torch_npu's error
+    naming the device (there is no NPUGraph to return); the capture stays valid and replays."""
+    x = torch.ones(4, device="npu")
+    y = torch.empty_like(x)
+    g = torch.accelerator.Graph()
+    with torch.Stream(device="npu"), g:
+        y.copy_(x * 3)
+        with pytest.raises(RuntimeError, match=r"torch.npu.NPUGraph.get_currently_capturing_graph\(\) is not "
+                                               r"supported during torch.accelerator.Graph capture \(the current "
+                                               r"stream of npu:0 is captured"):
+            torch.npu.NPUGraph.get_currently_capturing_graph()
+    x.fill_(2)
+    g.replay()
+    torch.accelerator.synchronize()
+    assert y.tolist() == [6.0] * 4

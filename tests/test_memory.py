@@ -53,13 +53,15 @@ def test_compute_outputs_are_accounted():
 
 
 def test_out_of_memory_error_and_recovery():
-    """Going over capacity raises OutOfMemoryError naming device, request and free bytes; work goes on."""
+    """Going over capacity raises OutOfMemoryError (torch.npu.OutOfMemoryError, torch's class as torch.cuda's)
+    naming device, request and free bytes; work goes on."""
     torch.npu.synchronize()
     torch.npu.empty_cache()  # cached blocks would be flushed to make room (test_caching_allocator.py)
     used = torch.npu.memory_reserved()
     torch.npu.set_memory_capacity(used + 24 * MIB)
     keep = torch.empty(12 * MIB, dtype=torch.uint8, device="npu")  # from 10 MiB: a segment of its own
-    with pytest.raises(torch.OutOfMemoryError) as info:
+    assert torch.npu.OutOfMemoryError is torch.OutOfMemoryError is torch.cuda.OutOfMemoryError
+    with pytest.raises(torch.npu.OutOfMemoryError) as info:
         torch.empty(14 * MIB, dtype=torch.uint8, device="npu")
     message = str(info.value)
     assert "npu:0" in message and "14.00 MiB (14680064 bytes)" in message

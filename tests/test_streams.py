@@ -265,3 +265,44 @@ def test_small_copies_on_an_idle_stream_are_done_by_the_caller():
         assert tasks() == before + 2
         torch.npu.synchronize()
     assert torch.equal(copied.cpu(), small * 2)
+
+
+def test_wrapping_a_stream_refuses_a_triple_that_names_none():
+    """Stream(stream_id=, device_index=, device_type=) wraps an existing npu stream and refuses an impossible
+    triple naming the call, the device and what was expected (device_index 999 was stored as npu:-25)."""
+    side = torch.npu.Stream()
+    wrapped = torch.npu.Stream(stream_id=side.stream_id, device_index=side.device_index, device_type=side.device_type)
+    assert wrapped == side and wrapped.priority == side.priority
+    npu = side.device_type
+    with pytest.raises(ValueError, match=r"torch.npu.Stream\(stream_id=3, device_index=999, device_type=20\): "
+                                         r"device_index must name an npu device, 0 <= index < device_count\(\) = "
+                                         rf"{torch.npu.device_count()}, got 999"):
+        torch.npu.Stream(stream_id=3, device_index=999, device_type=npu)
+    with pytest.raises(ValueError, match=rf"device_type must be the npu's \({npu}\), got 1"):
+        torch.npu.Stream(stream_id=3, device_index=0, device_type=1)
+    with pytest.raises(ValueError, match=r"stream_id must name a stream of npu:0, 0 <= id < 17 .* got 17"):
+        torch.npu.Stream(stream_id=17, device_index=0, device_type=npu)
+    with pytest.raises(TypeError, match="takes exactly stream_id, device_index and device_type; got"):
+        torch.npu.Stream(stream_id=1)
+
+
+def test_sync_launch_streams_and_raw_handles():
+    """SyncLaunchStream and Stream(is_sync_launch=1) are pool streams that run work in order; a sync-launch stream
+    equals only sync-launch streams; npu_stream is the raw stream torch_npu._C hands out while it is current."""
+    from npusim.compile.generated_calls import get_raw_stream
+
+    sync = torch.npu.SyncLaunchStream()
+    flagged = torch.npu.Stream(is_sync_launch=1)
+    assert isinstance(flagged, torch.npu.Stream) and not isinstance(sync, torch.npu.Stream)
+    same_id = torch.npu.Stream(stream_id=sync.stream_id, device_index=0, device_type=sync.device_type)
+    assert sync == torch.npu.SyncLaunchStream(stream_id=sync.stream_id, device_index=0, device_type=sync.device_type)
+    assert sync != same_id and same_id != sync and hash(sync) == hash(same_id)
+    assert repr(sync).startswith("<torch.npu.SyncLaunchStream device=npu:0 stream_id=")
+    x = torch.ones(64, device="npu")
+    for s in (sync, flagged):
+        with torch.npu.stream(s):
+            assert get_raw_stream(0) == s.npu_stream == s.stream_id
+            y = (x + 1) * 3
+        s.synchronize()
+        assert y.sum().item() == 64 * 6
+    assert torch.npu.default_stream().npu_stream == 0

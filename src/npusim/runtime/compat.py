@@ -13,8 +13,9 @@ from typing import Any
 import torch
 
 __all__ = [
-    "config", "conv", "get_autocast_dtype", "is_autocast_enabled", "is_jit_compile_false", "matmul",
-    "set_autocast_dtype", "set_autocast_enabled", "set_compile_mode", "set_option",
+    "are_compatible_impl_enabled", "config", "conv", "get_autocast_dtype", "is_autocast_enabled",
+    "is_jit_compile_false", "matmul", "set_autocast_dtype", "set_autocast_enabled", "set_compile_mode", "set_option",
+    "use_compatible_impl",
 ]
 
 _options: dict[str, str] = {}
@@ -35,6 +36,18 @@ def set_option(option: dict[str, Any]) -> None:
     if not isinstance(option, dict):
         raise TypeError(f"torch.npu.set_option: expected a dict of options, got {type(option).__name__}")
     _options.update({str(k): str(v) for k, v in option.items()})
+
+
+def use_compatible_impl(is_enable: bool) -> None:
+    """Stored as torch_npu's option ``TORCH_NPU_USE_COMPATIBLE_IMPL`` ("1" / "0"), which
+    :func:`are_compatible_impl_enabled` reads back. torch_npu picks the HCCL collectives' compatible
+    implementations on some SoCs with it; npusim's hccl backend has one implementation of each."""
+    set_option({"TORCH_NPU_USE_COMPATIBLE_IMPL": "1" if is_enable else "0"})
+
+
+def are_compatible_impl_enabled() -> bool:
+    """Whether :func:`use_compatible_impl` last enabled the compatible implementations (default: no)."""
+    return _options.get("TORCH_NPU_USE_COMPATIBLE_IMPL") == "1"
 
 
 class _Config:

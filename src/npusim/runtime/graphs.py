@@ -144,8 +144,15 @@ class NPUGraph(acl.NpuGraph):
 
     @staticmethod
     def get_currently_capturing_graph() -> NPUGraph:
-        """The graph capturing the current stream; raises when none is (torch.cuda's errors)."""
-        return acl.NpuGraph.get_currently_capturing_graph()
+        """The graph capturing the current stream; raises when none is (torch.cuda's errors), and, as
+        torch_npu, when the capture is a ``torch.accelerator.Graph``'s (that graph is no NPUGraph)."""
+        graph = acl.NpuGraph.get_currently_capturing_graph()
+        # Every NPUGraph is this class; the device core's own graph behind torch.accelerator.Graph is not.
+        if not isinstance(graph, NPUGraph):
+            raise RuntimeError("torch.npu.NPUGraph.get_currently_capturing_graph() is not supported during "
+                               f"torch.accelerator.Graph capture (the current stream of npu:{acl.current_device()} "
+                               "is captured by a torch.accelerator.Graph, not by a torch.npu.NPUGraph)")
+        return graph
 
 
 class graph:  # noqa: N801  (mirrors torch.cuda.graph)

@@ -12,6 +12,7 @@ import torch
 
 from npusim.runtime import amp, graphs, memory, random, streams, utils  # noqa: F401  (torch.npu.<submodule>)
 from npusim.runtime.compat import (
+    are_compatible_impl_enabled,
     config,
     conv,
     get_autocast_dtype,
@@ -22,6 +23,7 @@ from npusim.runtime.compat import (
     set_autocast_enabled,
     set_compile_mode,
     set_option,
+    use_compatible_impl,
 )
 from npusim.runtime.device import (
     _get_device_index,
@@ -109,12 +111,17 @@ from npusim.runtime.streams import (
     Event,
     Stream,
     StreamContext,
+    SyncLaunchStream,
     current_stream,
     default_stream,
     set_stream,
     stream,
     synchronize_stream,
 )
+
+# What the caching allocator raises when the device's memory (or this process's share) is spent: torch's
+# own class, as torch.cuda.OutOfMemoryError is.
+OutOfMemoryError = torch.OutOfMemoryError
 
 # The submodules `import torch.npu.<name>` finds (torch_npu's torch.npu is a package).
 SUBMODULES = ("amp", "graphs", "memory", "random", "streams", "utils")
@@ -125,7 +132,8 @@ default_generators: tuple[torch.Generator, ...] = _default_generators()
 __all__ = [
     "_dump_snapshot", "_get_device_index", "_is_in_bad_fork", "_lazy_call", "_lazy_init", "_NPUDeviceProperties",
     "_sleep",
-    "_record_memory_history", "_snapshot", "amp", "caching_allocator_alloc", "caching_allocator_delete",
+    "_record_memory_history", "_snapshot", "amp", "are_compatible_impl_enabled", "caching_allocator_alloc",
+    "caching_allocator_delete",
     "can_device_access_peer", "config", "conv", "current_device", "current_stream", "default_generator",
     "default_generators", "default_stream", "device", "device_count", "device_of", "empty_cache", "Event",
     "get_allocator_backend", "get_amp_supported_dtype", "get_arch_list", "get_autocast_dtype",
@@ -136,10 +144,12 @@ __all__ = [
     "is_initialized", "is_jit_compile_false", "make_graphed_callables", "manual_seed", "manual_seed_all", "matmul",
     "max_memory_allocated", "max_memory_cached", "max_memory_reserved", "mem_get_info", "memory", "memory_allocated",
     "memory_cached", "memory_reserved", "memory_snapshot", "memory_stats", "memory_stats_as_nested_dict",
-    "memory_summary", "MemPool", "NPUGraph", "random", "reset_accumulated_memory_stats", "reset_max_memory_allocated",
+    "memory_summary", "MemPool", "NPUGraph", "OutOfMemoryError", "random", "reset_accumulated_memory_stats",
+    "reset_max_memory_allocated",
     "reset_max_memory_cached", "reset_peak_memory_stats", "seed", "seed_all", "set_autocast_dtype",
     "set_autocast_enabled", "set_compile_mode", "set_device", "set_memory_capacity", "set_option",
     "set_per_process_memory_fraction", "set_rng_state", "set_rng_state_all", "set_stream", "set_sync_debug_mode",
-    "Stream", "stream", "StreamContext", "streams", "synchronize", "synchronize_stream", "use_mem_pool", "utilization",
+    "Stream", "stream", "StreamContext", "streams", "synchronize", "synchronize_stream", "SyncLaunchStream",
+    "use_compatible_impl", "use_mem_pool", "utilization",
     "utils", *_legacy_names,
 ]

@@ -13,22 +13,53 @@ import torch
 from npusim.runtime import acl
 from npusim.runtime.device import _device_t, _get_device_index
 
+_STREAM_KEYS = ("stream_id", "device_index", "device_type")
 
-class Stream(torch.Stream):
-    """An npu stream: a FIFO of device work running asynchronously to the host.
 
-    ``priority`` < 0 picks the high-priority pool (as on CUDA).
-    """
+def _check_stream_triple(op: str, kwargs: dict[str, Any]) -> None:
+    """Refuses a (stream_id, device_index, device_type) that names no npu stream, before torch.Stream
+    stores it (a device index is an 8-bit field there: 999 would become npu:-25)."""
+    unknown = sorted(set(kwargs) - set(_STREAM_KEYS))
+    missing = [k for k in _STREAM_KEYS if k not in kwargs]
+    if unknown or missing:
+        raise TypeError(f"{op}: wrapping an existing stream takes exactly stream_id, device_index and device_type; "
+                        f"got {sorted(kwargs)}")
+    stream_id, device_index, device_type = (kwargs[k] for k in _STREAM_KEYS)
+    call = f"{op}(stream_id={stream_id!r}, device_index={device_index!r}, device_type={device_type!r})"
+    npu_type = acl.default_stream(0)[2]  # the PrivateUse1 device type every npu stream carries
+    if not all(isinstance(v, int) and not isinstance(v, bool) for v in (stream_id, device_index, device_type)):
+        raise TypeError(f"{call}: expected three ints, as Stream.stream_id / device_index / device_type give them")
+    if device_type != npu_type:
+        raise ValueError(f"{call}: device_type must be the npu's ({npu_type}), got {device_type}")
+    if not 0 <= device_index < acl.device_count():
+        raise ValueError(f"{call}: device_index must name an npu device, 0 <= index < device_count() = "
+                         f"{acl.device_count()}, got {device_index}")
+    if not 0 <= stream_id < acl.STREAMS_PER_DEVICE:
+        raise ValueError(f"{call}: stream_id must name a stream of npu:{device_index}, 0 <= id < "
+                         f"{acl.STREAMS_PER_DEVICE} (the default stream and the two pools), got {stream_id}")
 
-    def __new__(cls, device: _device_t = None, priority: int = 0, **kwargs: Any) -> Stream:
+
+class _NPUStreamBase(torch.Stream):
+    """What :class:`Stream` and :class:`SyncLaunchStream` share (torch_npu's ``_NPUStreamBase``)."""
+
+    def __new__(cls, device: _device_t = None, priority: int = 0, is_sync_launch: int = 0,
+                **kwargs: Any) -> _NPUStreamBase:
         if kwargs:  # wrapping an existing stream: stream_id, device_index, device_type
+            _check_stream_triple(f"torch.npu.{cls.__name__}", kwargs)
             return super().__new__(cls, **kwargs)
         index = _get_device_index(device)
+        # See Note [Sync-launch streams]: a pool stream, whatever is_sync_launch says.
         return super().__new__(cls, device=torch.device("npu", index), priority=priority)
 
     @property
     def priority(self) -> int:
         return acl.stream_priority(self.stream_id, self.device_index)
+
+    @property
+    def npu_stream(self) -> int:
+        """The raw stream handle: the stream's id, what ``torch_npu._C._npu_getCurrentRawStream`` returns
+        while it is current (npusim's streams have no other handle)."""
+        return self.stream_id
 
     def pending(self) -> int:
         """Number of tasks enqueued on the stream and not yet finished."""
@@ -38,8 +69,45 @@ class Stream(torch.Stream):
         """Waits for the stream; with ``timeout_s`` raises if it is not idle in time."""
         synchronize_stream(self, timeout_s)
 
+    def __eq__(self, other: object) -> bool:
+        # As torch_npu: a sync-launch stream equals only sync-launch streams (and so is never a Stream).
+        if isinstance(other, SyncLaunchStream) != isinstance(self, SyncLaunchStream):
+            return False
+        return super().__eq__(other)
+
+    def __ne__(self, other: object) -> bool:
+        return not self.__eq__(other)
+
+    __hash__ = torch.Stream.__hash__
+
     def __repr__(self) -> str:
-        return f"<torch.npu.Stream device=npu:{self.device_index} stream_id={self.stream_id}>"
+        return f"<torch.npu.{type(self).__name__} device=npu:{self.device_index} stream_id={self.stream_id}>"
+
+
+# Note [Sync-launch streams]
+# torch_npu launches an op on an ordinary stream through its task queue (a host thread between
+# the caller and ACL) and on a sync-launch stream (SyncLaunchStream, Stream(is_sync_launch=1))
+# directly from the calling thread, from a pool of its own. npusim has no task queue: every
+# launch is enqueued onto the stream by the calling thread, so every npu stream launches as a
+# sync-launch stream does, and is_sync_launch selects nothing; the stream comes from the
+# priority's pool, which ordinary streams share (the device core has no third pool).
+
+
+class Stream(_NPUStreamBase):
+    """An npu stream: a FIFO of device work running asynchronously to the host.
+
+    ``priority`` < 0 picks the high-priority pool (as on CUDA). ``is_sync_launch`` is accepted as
+    torch_npu's (Note [Sync-launch streams]). ``Stream(stream_id=, device_index=, device_type=)``
+    wraps an existing npu stream and refuses a triple that names none.
+    """
+
+
+class SyncLaunchStream(_NPUStreamBase):
+    """torch_npu's sync-launch stream: launched from the calling thread, not through a task queue
+    (Note [Sync-launch streams]). Equal only to another SyncLaunchStream of the same stream."""
+
+    def __new__(cls, device: _device_t = None, priority: int = 0, **kwargs: Any) -> SyncLaunchStream:
+        return super().__new__(cls, device, priority, is_sync_launch=1, **kwargs)
 
 
 def _wrap(stream_tuple: tuple[int, int, int]) -> Stream:
