@@ -274,3 +274,70 @@ def test_grad_op_checks_dy_and_numels():
     with pytest.raises(RuntimeError, match=r"npu_fusion_attention_grad: numels must be the forward's dropout mask "
                                            r"length 32, got 5"):
         fa_grad(q, q, q, q, 2, "BNSD", keep_prob=0.5, seed=3, numels=5)
+
+
+# -- npu_fusion_attention_v3 / npu_fusion_attention_grad_v3 -----------------------------------------------------------
+
+fa_v3 = torch.ops.npu.npu_fusion_attention_v3
+fa_grad_v3 = torch.ops.npu.npu_fusion_attention_grad_v3
+
+
+@pytest.mark.parametrize("mode", [None, 3])
+def test_v3_tnd_with_length_tensors_matches_per_sequence_reference(mode):
+    """v3 takes TND's cumulative lengths as int64 CPU tensors; forward and backward equal the per-sequence reference
+    and npu_fusion_attention; grad_v3 called directly gives autograd's gradients."""
+    seqs_q, seqs_kv = [3, 0, 5, 4], [4, 2, 6, 4]
+    n, nkv, d = 4, 2, 8
+    q, k, v = _inputs((sum(seqs_q), n, d), (sum(seqs_kv), nkv, d))
+    k, v = k[:, :nkv], v[:, :nkv]
+    cum_q, cum_kv = torch.tensor(seqs_q).cumsum(0), torch.tensor(seqs_kv).cumsum(0)
+    options = {"scale": 0.4, "sparse_mode": mode or 0, "atten_mask": None if mode is None else compressed(mode)}
+    qn, kn, vn = _npu(q, k, v, dtype=torch.float32)
+    out, softmax_max, softmax_sum, softmax_out, seed, offset = fa_v3(qn, kn, vn, n, "TND", actual_seq_qlen=cum_q,
+                                                                     actual_seq_kvlen=cum_kv, **options)
+    assert softmax_max.shape == (sum(seqs_q), n, 8) and softmax_out.numel() == 0
+    assert seed.shape == offset.shape == (1,) and seed.dtype == torch.int64 and seed.device == qn.device
+    v1 = fa(qn, kn, vn, n, "TND", actual_seq_qlen=cum_q.tolist(), actual_seq_kvlen=cum_kv.tolist(), **options)
+    assert torch.equal(out.cpu(), v1[0].cpu()) and torch.equal(softmax_sum.cpu(), v1[2].cpu())
+    dy = torch.randn(out.shape, dtype=torch.float64)
+    out.backward(dy.float().to("npu"))
+    refs = [t.clone().requires_grad_() for t in (q, k, v)]
+    ref = _tnd_reference(*refs, seqs_q, seqs_kv, 0.4, None if mode is None else [3] * 4)
+    _check(out, (qn.grad, kn.grad, vn.grad), ref, refs, dy, torch.float32)
+    grads = fa_grad_v3(qn.detach(), kn.detach(), vn.detach(), dy.float().to("npu"), n, "TND",
+                       softmax_max=softmax_max, softmax_sum=softmax_sum, attention_in=out.detach(),
+                       scale_value=0.4, seed=seed, offset=offset, actual_seq_qlen=cum_q, actual_seq_kvlen=cum_kv,
+                       sparse_mode=options["sparse_mode"], atten_mask=options["atten_mask"])
+    for got, want in zip(grads[:3], (qn.grad, kn.grad, vn.grad), strict=True):
+        torch.testing.assert_close(got.cpu(), want.cpu())
+
+
+def test_v3_dense_pse_and_sink_gradients_equal_the_first_version():
+    """BSH with pse and sink: v3's outputs and every gradient (query, key, value, pse, sink) equal
+    npu_fusion_attention's, which the tests above check against the reference."""
+    b, n, s, d = 2, 2, 5, 8
+    q, k, v = _inputs((b, s, n * d), (b, s, n * d), seed=3)
+    pse, sink = torch.randn(1, n, s, s), torch.randn(n)
+    results = []
+    for op in (fa, fa_v3):
+        leaves = _npu(q, k, v, pse, sink, dtype=torch.float32)
+        out = op(*leaves[:3], n, "BSH", pse=leaves[3], sink=leaves[4], scale=0.3)[0]
+        out.square().sum().backward()
+        results.append([out.detach().cpu()] + [t.grad.cpu() for t in leaves])
+    for got, want in zip(*results, strict=True):
+        torch.testing.assert_close(got, want, atol=0, rtol=0)
+
+
+def test_v3_errors_name_the_op_and_argument():
+    """Errors name v3 (not npu_fusion_attention); lengths must be 1-D int tensors; grad_v3 needs the seed with
+    dropout; CPU inputs are refused naming the op."""
+    q = torch.randn(6, 2, 8, device="npu")
+    lengths = torch.tensor([2, 6])
+    with pytest.raises(RuntimeError, match="npu_fusion_attention_v3: actual_seq_qlen must be a 1-D int64 tensor"):
+        fa_v3(q, q, q, 2, "TND", actual_seq_qlen=lengths.float(), actual_seq_kvlen=lengths)
+    with pytest.raises(RuntimeError, match="npu_fusion_attention_v3: input_layout must be BSH, SBH, BSND, BNSD or TND"):
+        fa_v3(q, q, q, 2, "XYZ")
+    with pytest.raises(RuntimeError, match="npu_fusion_attention_grad_v3: seed .* is needed when keep_prob < 1"):
+        fa_grad_v3(q, q, q, q, 2, "TND", actual_seq_qlen=lengths, actual_seq_kvlen=lengths, keep_prob=0.5)
+    with pytest.raises(RuntimeError, match="npu_fusion_attention_v3: expected npu tensors, got query on cpu"):
+        fa_v3(q.cpu(), q.cpu(), q.cpu(), 2, "TND", actual_seq_qlen=lengths, actual_seq_kvlen=lengths)

@@ -137,3 +137,28 @@ def test_keep_prob_outside_range_is_refused(keep_prob):
     q = torch.randn(1, 2, 4, 8, device="npu")
     with pytest.raises(RuntimeError, match=r"npu_fusion_attention: keep_prob must be in \(0, 1\]"):
         fa(q, q, q, 2, "BNSD", keep_prob=keep_prob)
+
+
+def test_v3_returns_seed_and_offset_as_tensors_and_reuses_the_mask_in_backward():
+    """npu_fusion_attention_v3 draws the mask at the generator's (seed, offset), returns them as (1,) int64 npu
+    tensors and its backward (grad_v3 with them) uses the same mask: forward and gradients equal the reference."""
+    q, k, v = _qkv()
+    qn, kn, vn = (t.float().to("npu").requires_grad_() for t in (q, k, v))
+    torch.npu.manual_seed(5)
+    torch.rand(3, device="npu")  # offset 4
+    out, _, _, _, seed, offset = torch.ops.npu.npu_fusion_attention_v3(qn, kn, vn, N, "BNSD", scale=0.4,
+                                                                        keep_prob=0.7)
+    assert seed.dtype == offset.dtype == torch.int64 and seed.device.type == "npu"
+    assert (seed.item(), offset.item()) == (5, 4)
+    after_forward = torch.npu.default_generators[0].get_offset()
+    assert after_forward == 4 + NUMELS
+    dy = torch.randn(B, N, S, D, dtype=torch.float64)
+    out.backward(dy.float().to("npu"))
+    assert torch.npu.default_generators[0].get_offset() == after_forward
+    keep = _keep(5, 4, NUMELS, 0.7).view(B, N, S, S)
+    refs = [t.clone().requires_grad_() for t in (q, k, v)]
+    ref = attention(*refs, scale=0.4, keep=keep, keep_prob=0.7)
+    ref.backward(dy)
+    torch.testing.assert_close(out.detach().cpu().double(), ref.detach(), atol=2e-5, rtol=2e-5)
+    for got, want in zip((qn.grad, kn.grad, vn.grad), refs, strict=True):
+        torch.testing.assert_close(got.cpu().double(), want.grad, atol=2e-5, rtol=2e-5)

@@ -266,3 +266,34 @@ def test_fake_shapes_and_compiled_decode_step():
 
     torch.testing.assert_close(torch.compile(decode, fullgraph=True, backend="aot_eager")(q, cache_k, cache_v).cpu(),
                                decode(q, cache_k, cache_v).cpu())
+
+
+def test_fused_out_overload_writes_caller_outputs():
+    """npu_fused_infer_attention_score.out writes the functional op's values into attention_out / softmax_lse and
+    returns them (an empty output is resized; workspace is accepted); a wrong dtype is refused naming the output;
+    a compiled call (fullgraph, functionalized) writes the same values."""
+    b, n, sq, skv, d = 2, 4, 5, 6, 16
+    q, k, v = (_randn(b, sq if i == 0 else skv, n * d, seed=i).half().to("npu") for i in range(3))
+    options = {"num_heads": n, "scale": 0.2, "input_layout": "BSH", "softmax_lse_flag": True,
+               "actual_seq_lengths_kv": [6, 3]}
+    want_out, want_lse = fias(q, k, v, **options)
+    attention_out = torch.empty(0, dtype=torch.float16, device="npu")
+    softmax_lse = torch.empty(b, n, sq, 1, device="npu")
+    result = fias.out(q, k, v, **options, workspace=torch.empty(64, dtype=torch.uint8, device="npu"),
+                      attention_out=attention_out, softmax_lse=softmax_lse)
+    assert result[0] is attention_out and result[1] is softmax_lse
+    assert torch.equal(attention_out.cpu(), want_out.cpu()) and torch.equal(softmax_lse.cpu(), want_lse.cpu())
+    ref = attention(*(to_bnsd(t.cpu().double(), "BSH", n) for t in (q, k, v)), scale=0.2,
+                    masked=torch.arange(skv).view(1, 1, 1, skv) >= torch.tensor([6, 3]).view(b, 1, 1, 1))
+    torch.testing.assert_close(attention_out.cpu().double(), from_bnsd(ref, "BSH"), **tolerance(torch.float16))
+    with pytest.raises(RuntimeError, match="npu_fused_infer_attention_score: softmax_lse must be float32 .the "
+                                           "result's dtype., got float16"):
+        fias.out(q, k, v, **options, attention_out=attention_out, softmax_lse=softmax_lse.half())
+
+    def step(q, k, v, attention_out, softmax_lse):
+        fias.out(q, k, v, **options, attention_out=attention_out, softmax_lse=softmax_lse)
+        return attention_out * 2
+
+    outputs = [torch.zeros_like(want_out), torch.zeros_like(want_lse)]
+    doubled = torch.compile(step, fullgraph=True, backend="aot_eager")(q, k, v, *outputs)
+    assert torch.equal(doubled.cpu(), (want_out * 2).cpu()) and torch.equal(outputs[1].cpu(), want_lse.cpu())

@@ -109,9 +109,10 @@ def _keep_from_dropout_mask(call: Call, dropout_mask: Tensor, seed: int, offset:
     return keep
 
 
-def _forward(*args: Any, **kwargs: Any) -> tuple[Tensor, Tensor, Tensor, Tensor, int, int, int]:
+def _forward(*args: Any, op: str = OP, **kwargs: Any) -> tuple[Tensor, Tensor, Tensor, Tensor, int, int, int]:
+    """The forward; ``op`` names the operator in errors (npu_fusion_attention_v3 runs this too)."""
     a = _forward_args(*args, **kwargs)
-    call = _parse(OP, a, {"dropout_mask": a["dropout_mask"]})
+    call = _parse(op, a, {"dropout_mask": a["dropout_mask"]})
     query, seed, offset, keep = a["query"], a["seed"], a["offset"], None
     if call.keep_prob < 1:
         if a["dropout_mask"] is not None:
@@ -152,9 +153,9 @@ def _stat_output(call: Call, stat: Tensor) -> Tensor:
     return stat.unsqueeze(-1).expand(*stat.shape, STAT_WIDTH).contiguous()
 
 
-def _stat_input(call: Call, name: str, stat: Tensor, segment: Any) -> Tensor:
+def _stat_input(call: Call, name: str, stat: Tensor, segment: Any, op: str = GRAD) -> Tensor:
     """A block's (B, N, Sq, 1) statistic from softmax_max / softmax_sum as the forward returned it."""
-    check(tuple(stat.shape) == _stat_shape(call) and stat.dtype == torch.float32, GRAD,
+    check(tuple(stat.shape) == _stat_shape(call) and stat.dtype == torch.float32, op,
           f"{name} must be float32 of shape {_stat_shape(call)}, got {str(stat.dtype).removeprefix('torch.')} "
           f"{tuple(stat.shape)}")
     if segment is None:
@@ -180,22 +181,24 @@ def _grad_args(query: Tensor, key: Tensor, value: Tensor, dy: Tensor, head_num: 
     return args
 
 
-def _parse_grad(a: dict[str, Any]) -> Call:
-    call = _parse(GRAD, a, {name: a[name] for name in ("dy", "softmax_max", "softmax_sum", "attention_in")})
-    check(tuple(a["dy"].shape) == _out_shape(call), GRAD,
+def _parse_grad(a: dict[str, Any], op: str = GRAD) -> Call:
+    call = _parse(op, a, {name: a[name] for name in ("dy", "softmax_max", "softmax_sum", "attention_in")})
+    check(tuple(a["dy"].shape) == _out_shape(call), op,
           f"dy must have attention_out's shape {_out_shape(call)}, got {tuple(a['dy'].shape)}")
-    check((a["softmax_max"] is None) == (a["softmax_sum"] is None), GRAD,
+    check((a["softmax_max"] is None) == (a["softmax_sum"] is None), op,
           "softmax_max and softmax_sum come together (the forward's row statistics), or neither")
     return call
 
 
-def _backward(*args: Any, **kwargs: Any) -> tuple[Tensor, Tensor, Tensor, Tensor, Tensor]:
+def _backward(*args: Any, op: str = GRAD, **kwargs: Any) -> tuple[Tensor, Tensor, Tensor, Tensor, Tensor]:
+    """The backward; ``op`` names the operator in errors, and ``numels=None`` (npu_fusion_attention_grad_v3, which
+    has no numels argument) takes the call's own mask length."""
     a = _grad_args(*args, **kwargs)
-    call = _parse_grad(a)
+    call = _parse_grad(a, op)
     query, key, value, dy, pse, sink = a["query"], a["key"], a["value"], a["dy"], a["pse"], a["sink"]
     keep = None
     if call.keep_prob < 1:
-        check(a["numels"] == call.numels, GRAD,
+        check(a["numels"] is None or a["numels"] == call.numels, op,
               f"numels must be the forward's dropout mask length {call.numels}, got {a['numels']}")
         keep = _dropout.keep_mask(a["seed"], a["offset"], call.numels, call.keep_prob, query.device)
     grads = [torch.zeros_like(t) for t in (query, key, value)]
@@ -206,7 +209,7 @@ def _backward(*args: Any, **kwargs: Any) -> tuple[Tensor, Tensor, Tensor, Tensor
         if a["softmax_max"] is None:
             sm = _core.softmax(s, block.masked, sink)
         else:
-            row_max, row_sum = (_stat_input(call, name, a[name], block.segment)
+            row_max, row_sum = (_stat_input(call, name, a[name], block.segment, op)
                                 for name in ("softmax_max", "softmax_sum"))
             sm = _core.softmax_from_stats(s, block.masked, row_max, row_sum, sink)
         seg = block.segment
