@@ -132,6 +132,125 @@ def test_raw_stream_and_sleep_entry_points(torch_npu):
     assert stream.pending() == 0 and torch_npu._C._npu_getCurrentRawStream(1) == torch.npu.current_stream(1).stream_id
 
 
+def test_c_entry_points_of_torch_npus_test_files(torch_npu):
+    """torch_npu._C's raw stream without a wait, SoC number, strided allocation and graph-tree allocator queries."""
+    side = torch.npu.Stream()
+    with torch.npu.stream(side):
+        assert torch_npu._C._npu_getCurrentRawStreamNoWait(0) == side.npu_stream == side.stream_id
+    assert torch.npu.get_device_name(0) == "Ascend910B2" and torch_npu._C._npu_get_soc_version() == 221
+    with torch.npu.device(2):
+        t = torch_npu._C._empty_strided_npu((2, 3), (1, 2), torch.bfloat16)
+    assert (t.device, t.shape, t.stride(), t.dtype) == (torch.device("npu", 2), (2, 3), (1, 2), torch.bfloat16)
+    with pytest.raises(TypeError, match="expects exactly 3 args: \\(sizes, strides, dtype\\), got 2"):
+        torch_npu._C._empty_strided_npu((2,), (1,))
+    with pytest.raises(TypeError, match="arg 3 must be a torch.dtype, got str"):
+        torch_npu._C._empty_strided_npu((2,), (1,), "float32")
+    with pytest.raises(ValueError, match="on npu:0: sizes and strides must have one entry per dimension, got 2 "
+                                         "sizes and 1 strides"):
+        torch_npu._C._empty_strided_npu((2, 3), (1,), torch.float32)
+    assert torch_npu._C._npu_isHistoryEnabled() is False
+    pool = torch.npu.MemPool()
+    with torch.npu.use_mem_pool(pool):
+        x = torch.empty(100, device="npu")
+    assert torch_npu._C._npu_checkPoolLiveAllocations(0, pool.id, {x.data_ptr()}) is True
+    assert torch_npu._C._npu_checkPoolLiveAllocations(0, pool.id, set()) is False
+    with pytest.raises(RuntimeError, match=r"private pool \(0, \d+\) does not exist on npu:0"):
+        torch_npu._C._npu_checkPoolLiveAllocations(0, torch.npu.graph_pool_handle(), set())
+    with pytest.raises(AttributeError, match=r"torch_npu\._C\._weak_ref_tensor is not simulated"):
+        torch_npu._C._weak_ref_tensor  # noqa: B018
+
+
+def test_custom_dtypes_storage_size_and_options(torch_npu, tmp_path):
+    """torch_npu's custom dtype numbers (ACL's + 256) on torch_npu and _C._cd.DType; get_storage_size counts the
+    storage's elements, not the view's; use_compatible_impl is stored and read back; PathManager's folders."""
+    assert (torch_npu.hifloat8, torch_npu.float4_e2m1fn_x2, torch_npu.float8_e8m0fnu) == (290, 296, 293)
+    assert torch_npu._C._cd.DType.hifloat8 == torch_npu.hifloat8 and torch_npu.bfloat16 == 256 + 27
+    base = torch.empty(4, 6, device="npu", dtype=torch.float16)
+    assert torch_npu.get_storage_size(base[1:, :2]) == 24 == torch_npu.get_storage_size(base)
+    with pytest.raises(RuntimeError, match="get_storage_size: expected an npu tensor, got one on cpu"):
+        torch_npu.get_storage_size(torch.ones(2))
+    assert torch_npu.npu.OutOfMemoryError is torch.OutOfMemoryError
+    try:
+        torch_npu.npu.use_compatible_impl(True)
+        assert torch_npu.npu.are_compatible_impl_enabled()
+    finally:
+        torch_npu.npu.use_compatible_impl(False)
+    assert not torch_npu.npu.are_compatible_impl_enabled()
+    from torch_npu.npu._memory_viz import format_flamegraph, segments
+    from torch_npu.utils._path_manager import PathManager
+
+    from npusim.runtime import memory_viz
+
+    assert sys.modules["torch_npu.npu._memory_viz"] is memory_viz and segments is memory_viz.segments
+    assert format_flamegraph is memory_viz.format_flamegraph
+    folder = tmp_path / "results" / "run1"
+    PathManager.make_dir_safety(str(folder))
+    assert folder.is_dir() and (folder.stat().st_mode & 0o777) == 0o750
+    PathManager.create_file_safety(str(folder / "log.txt"))
+    assert (folder / "log.txt").is_file() and ((folder / "log.txt").stat().st_mode & 0o777) == 0o640
+    with pytest.raises(RuntimeError, match="expected a directory, got a file"):
+        PathManager.check_input_directory_path(str(folder / "log.txt"))
+    with pytest.raises(RuntimeError, match="the path does not exist"):
+        PathManager.check_directory_path_readable(str(tmp_path / "missing"))
+    with pytest.warns(UserWarning, match="Invalid input path"):
+        PathManager.check_input_file_path(str(tmp_path / "a*b"))
+    PathManager.remove_path_safety(str(tmp_path / "results"))
+    assert not (tmp_path / "results").exists()
+    PathManager.remove_path_safety(str(tmp_path / "results"))  # nothing to remove: nothing happens
+
+
+def test_contrib_modules_compute_what_torch_npus_compute(torch_npu):
+    """torch_npu.contrib.module: LabelSmoothingCrossEntropy gives torch_npu's own test figures (loss 3.8078 and
+    its gradient row); Mish / SiLU are PyTorch's formulas with torch_npu's deprecation warning; ChannelShuffle
+    interleaves the groups; Focus stacks the four pixel phases; the CANN-kernel modules are refused by name."""
+    import numpy as np
+    from torch_npu.contrib.module import ChannelShuffle, Focus, LabelSmoothingCrossEntropy, Mish, SiLU, Swish
+
+    np.random.seed(123)  # torch_npu's test/contrib/test_crossentropy.py, first case
+    x = torch.tensor(np.random.randn(2, 10), dtype=torch.float32).npu().requires_grad_()
+    y = torch.tensor(np.random.randint(low=0, high=10, size=(2,)), dtype=torch.float32).npu()
+    loss = LabelSmoothingCrossEntropy(10)(x, y)
+    loss.backward()
+    torch.testing.assert_close(loss.detach().cpu(), torch.tensor(3.8078), atol=1e-4, rtol=0)
+    torch.testing.assert_close(x.grad.cpu()[0], torch.tensor([0.0112, 0.0899, 0.0440, 0.0074, 0.0186, 0.1729, 0.0029,
+                                                              0.0216, 0.1176, -0.4861]), atol=1e-4, rtol=0)
+    smoothed = LabelSmoothingCrossEntropy(10, 0.1)
+    assert (smoothed.on_value, smoothed.off_value) == (0.9, 0.1 / 9)
+    with pytest.raises(ValueError, match=r"expected pred \(N, 10\) and target \(N,\), got \(2, 10\) and \(3,\)"):
+        smoothed(x, y.new_zeros(3))
+
+    t = torch.linspace(-3, 3, 13, device="npu")
+    with pytest.warns(FutureWarning, match="torch_npu.contrib.module.Mish is deprecated"):
+        mish = Mish()
+    with pytest.warns(FutureWarning, match="torch_npu.contrib.module.SiLU is deprecated"):
+        silu = Swish()
+    assert Swish is SiLU
+    torch.testing.assert_close(mish(t).cpu(), (t * torch.tanh(torch.nn.functional.softplus(t))).cpu())
+    torch.testing.assert_close(silu(t).cpu(), (t * torch.sigmoid(t)).cpu())
+
+    a = torch.arange(4.0, device="npu").reshape(1, 4, 1, 1)
+    b = a + 10
+    first, second = ChannelShuffle(8, groups=2).npu()(a, b)  # groups [0..3] and [10..13], interleaved
+    assert first.flatten().tolist() == [0, 10, 1, 11] and second.flatten().tolist() == [2, 12, 3, 13]
+    full = ChannelShuffle(8, groups=4, split_shuffle=False)(a, b)
+    assert full.flatten().tolist() == [0, 2, 10, 12, 1, 3, 11, 13]
+    with pytest.raises(ValueError, match=r"in_channels \(6\) must be a positive multiple of groups \(4\)"):
+        ChannelShuffle(6, groups=4)
+
+    image = torch.arange(16.0, device="npu").reshape(1, 1, 4, 4)
+    focus = Focus(1, 4).npu()
+    assert focus(image).shape == (1, 4, 2, 2)
+    phases = torch.cat([image[..., ::2, ::2], image[..., 1::2, ::2], image[..., ::2, 1::2], image[..., 1::2, 1::2]], 1)
+    conv = focus.conv
+    torch.testing.assert_close(focus(image), conv.act(conv.bn(conv.conv(phases))))
+    with pytest.raises(AttributeError, match=r"torch_npu\.contrib\.module\.ROIAlign is not simulated by npusim: "
+                                             r"it needs op-plugin's npu_roi_align kernel"):
+        torch_npu.contrib.module.ROIAlign  # noqa: B018
+    with pytest.raises(ImportError, match="cannot import name 'DCNv2'"):
+        from torch_npu.contrib.module import DCNv2  # noqa: F401
+    assert torch_npu.contrib.module.ChannelShuffle is ChannelShuffle
+
+
 def test_hccl_options_checked_and_filled_by_the_backend(torch_npu, tmp_path):
     """ProcessGroupHCCL.Options reaches the hccl backend: a bad hccl_config type is refused, a good one fills in."""
     options_cls = torch_npu._C._distributed_c10d.ProcessGroupHCCL.Options

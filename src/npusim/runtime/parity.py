@@ -83,6 +83,27 @@ FRAMEWORK_PROVIDED: dict[str, str] = {
         "(torchtitan-npu's expert-parallel mesh, MindSpeed's hccl_config buffers); Note [hccl options]",
     "torch_npu._C._npu_getCurrentRawStream": "the current stream's id (torch_npu's inductor and dynamo code)",
     "torch_npu._C._npu_sleep": "torch.npu._sleep",
+    "torch_npu._C._npu_getCurrentRawStreamNoWait": "the current stream's id: npusim has no task queue to drain "
+                                                   "first (torch_npu's inductor probes for it)",
+    "torch_npu._C._npu_get_soc_version": "the simulated SoC's SocVersion number (torch_npu's test files)",
+    "torch_npu._C._empty_strided_npu": "an uninitialised tensor on the current npu (torch_npu's inductor wrapper)",
+    "torch_npu._C._npu_checkPoolLiveAllocations": "a graph pool's allocated blocks against the expected addresses "
+                                                  "(torch_npu's _graph_tree.check_memory_pool)",
+    "torch_npu._C._npu_isHistoryEnabled": "whether _record_memory_history is recording (enable_history_recording)",
+    "torch_npu.hifloat8": "torch_npu's custom dtype number (ACL's + 256); the ops computing in it are not "
+                          "simulated (MindSpeed, torchtitan-npu)",
+    "torch_npu.float8_e8m0fnu": "torch_npu's custom dtype number (MindSpeed, torchtitan-npu)",
+    "torch_npu.float4_e2m1fn_x2": "torch_npu's custom dtype number (op-plugin's quantized ops' dtype arguments)",
+    "torch_npu.get_storage_size": "the element count of an npu tensor's storage (torch_npu's combine_tensors, tests)",
+    "torch_npu.npu.SyncLaunchStream": "a stream launched from the calling thread, as every npusim stream is "
+                                      "(Note [Sync-launch streams])",
+    "torch_npu.npu.OutOfMemoryError": "torch.OutOfMemoryError, what the caching allocator raises",
+    "torch_npu.npu.use_compatible_impl": "stored as torch_npu's TORCH_NPU_USE_COMPATIBLE_IMPL option",
+    "torch_npu.npu._memory_viz.segments": "flame graphs of npu memory snapshots, torch.cuda._memory_viz's format",
+    "torch_npu.npu._graph_tree.check_memory_pool": "a graph tree pool's live blocks against the live storages",
+    "torch_npu.utils._path_manager.PathManager": "torch_npu's checked file-system helpers (its tests' folders)",
+    "torch_npu.contrib.module.LabelSmoothingCrossEntropy": "torch_npu's drop-in modules PyTorch's operators "
+                                                           "compute (ChannelShuffle, Focus, Mish, SiLU too)",
     "torch_npu._inductor": "imports dynamo and inductor, so npusim's inductor backend is registered "
                            "(torchtitan-npu's compile path)",
     "torchair.get_npu_backend": "torchair's compile backend, npusim's inductor backend in the config's mode "
@@ -124,9 +145,6 @@ FRAMEWORK_PROVIDED: dict[str, str] = {
 FRAMEWORK_REFUSED: dict[str, str] = {
     "torch_npu.npu_quant_matmul": "quantized matmul: no quantized kernels (torchtitan-npu, MindSpeed)",
     "torch_npu.npu_dynamic_mx_quant": "MX quantization: no such kernels (torchtitan-npu)",
-    "torch_npu.hifloat8": "a CANN-only dtype; PyTorch has no such dtype to simulate it with (MindSpeed, "
-                          "torchtitan-npu)",
-    "torch_npu.float8_e8m0fnu": "torch_npu's own dtype object for CANN kernels (MindSpeed, torchtitan-npu)",
     "torch_npu.custom_shardings": "DTensor strategies of torch_npu's fused operators (torchtitan-npu)",
     "torch_npu.empty_with_swapped_memory": "host-swapped device memory is not simulated (MindSpeed)",
     "torch_npu.profiler": "torch_npu's profiler; npusim's device tasks are in torch.profiler (torchtitan-npu, "
@@ -138,6 +156,9 @@ FRAMEWORK_REFUSED: dict[str, str] = {
     "torch_npu.asd": "silent-data-corruption detection (MindSpeed's register_asd_hook)",
     "torch_npu.utils.flops_count": "torch_npu's FLOP counter (MindSpeed)",
     "torch_npu._inductor.lowering": "triton-ascend lowerings (torchtitan-npu's bypass_triton_codegen)",
-    "torch_npu._C._npu_getCurrentRawStreamNoWait": "an optional fast path torch_npu's inductor probes for",
     "torch_npu._C._distributed_c10d.ProcessGroupLCCL": "torch_npu's LCCL backend",
+    "torch_npu.contrib.module.DCNv2": "torch_npu's modules over op-plugin kernels npusim has not (deformable "
+                                      "convolution, ROI align, quantized linear layers, ...)",
+    "torch_npu._C._weak_ref_tensor": "a tensor over another's memory that does not keep it alive: the device core "
+                                     "has no non-owning npu storage yet",
 }

@@ -17,6 +17,7 @@ import sys
 from typing import Any
 
 import torch
+from torch_npu._C import _cd
 from torch_npu.version import __version__  # noqa: F401  (torch_npu.__version__)
 
 from npusim.compat.torch_npu import PACKAGE_DIR, NotSimulatedError
@@ -24,6 +25,21 @@ from npusim.ops.fused import OPS
 from npusim.ops.fused.layout import Format  # noqa: F401  (torch_npu.Format, the ACL formats)
 
 __npusim_shim__ = True  # npusim's own torch_npu, not a real one (npusim._device checks it)
+
+# torch_npu exports every custom dtype number of _C._cd.DType on itself (torch_npu.hifloat8 == 290, ...).
+for _name in _cd.NAMES:
+    globals()[_name] = getattr(_cd.DType, _name)
+
+
+def get_storage_size(self: torch.Tensor) -> int:
+    """The element count of npu tensor ``self``'s storage, as torch_npu's ``get_storage_size`` (the product
+    of its storage descriptor's sizes). npusim keeps every format's data in ND layout (Note [Where the npu
+    format lives]), so that is the storage's bytes over the element size."""
+    if not isinstance(self, torch.Tensor):
+        raise TypeError(f"torch_npu.get_storage_size: expected a Tensor, got {type(self).__name__}")
+    if self.device.type != "npu":
+        raise RuntimeError(f"torch_npu.get_storage_size: expected an npu tensor, got one on {self.device}")
+    return self.untyped_storage().nbytes() // self.element_size()
 
 npu = torch.npu
 sys.modules["torch_npu.npu"] = torch.npu
@@ -55,8 +71,9 @@ def __getattr__(name: str) -> Any:
             f"(simulated: {', '.join(sorted(OPS)) or 'none yet'}); use the PyTorch operators it fuses, or run on "
             "a real NPU", name=name, obj=sys.modules[__name__])
     raise NotSimulatedError(f"torch_npu.{name} is not simulated by npusim (npusim's torch_npu provides torch_npu.npu, "
-                            "op-plugin's simulated fused operators, torch_npu.testing, torch_npu._C's raw streams and "
-                            "hccl options, torch_npu.utils and torch_npu.contrib.transfer_to_npu)",
+                            "op-plugin's simulated fused operators, the custom dtype numbers, get_storage_size, "
+                            "torch_npu.testing, torch_npu._C's raw streams and hccl options, torch_npu.utils and "
+                            "torch_npu.contrib)",
                             name=name, obj=sys.modules[__name__])
 
 

@@ -2,24 +2,30 @@
 
 Provided where they mean something on the simulator: the raw stream inductor-generated
 code and ``torch.compile`` backends ask for (``_npu_getCurrentRawStream``, the current
-stream's id, as npusim's own inductor backend uses it), ``_npu_sleep``, the CANN version
-queries, a few device and allocator calls, and ``_distributed_c10d`` (``ProcessGroupHCCL``
-and its ``Options``). Every other name raises NotSimulatedError naming the call.
+stream's id, as npusim's own inductor backend uses it; ``_npu_getCurrentRawStreamNoWait``, the
+same: npusim has no task queue to drain first), ``_npu_sleep``, the CANN and SoC version
+queries, a few device, tensor and allocator calls (the graph trees' pool check and history
+flag), ``_cd`` (torch_npu's custom dtype numbers) and ``_distributed_c10d``
+(``ProcessGroupHCCL`` and its ``Options``). Every other name raises NotSimulatedError naming
+the call.
 """
 
 import sys
 from typing import Any
 
 import torch
-from torch_npu._C import _distributed_c10d
+from torch_npu._C import _cd, _distributed_c10d
 
 from npusim.compat.torch_npu import NotSimulatedError
 from npusim.compile.generated_calls import get_raw_stream as _npu_getCurrentRawStream  # noqa: N812  (torch_npu's name)
+from npusim.runtime.memory import _npu_checkPoolLiveAllocations, _npu_isHistoryEnabled
+from npusim.runtime.profiles import get_profile
 from npusim.runtime.utils import _is_gte_cann_version, get_cann_version
 
-__all__ = ["_distributed_c10d", "_get_cann_version", "_is_gte_cann_version", "_npu_getCurrentRawStream",
-           "_npu_getDeviceCount", "_npu_hostEmptyCache", "_npu_npuCachingAllocator_set_allocator_settings",
-           "_npu_sleep"]
+__all__ = ["_cd", "_distributed_c10d", "_empty_strided_npu", "_get_cann_version", "_is_gte_cann_version",
+           "_npu_checkPoolLiveAllocations", "_npu_getCurrentRawStream", "_npu_getCurrentRawStreamNoWait",
+           "_npu_getDeviceCount", "_npu_get_soc_version", "_npu_hostEmptyCache", "_npu_isHistoryEnabled",
+           "_npu_npuCachingAllocator_set_allocator_settings", "_npu_sleep"]
 
 # torch_npu's spellings.
 _get_cann_version = get_cann_version
@@ -27,6 +33,44 @@ _npu_sleep = torch.npu._sleep
 _npu_getDeviceCount = torch.npu.device_count  # noqa: N816
 _npu_hostEmptyCache = torch.npu.host_empty_cache  # noqa: N816
 _npu_npuCachingAllocator_set_allocator_settings = torch.npu.memory._set_allocator_settings  # noqa: N816
+# torch_npu's NoWait variant skips draining its task queue first; npusim launches without one.
+_npu_getCurrentRawStreamNoWait = _npu_getCurrentRawStream  # noqa: N816
+
+# torch_npu's SocVersion numbers (c10_npu::SocVersion), by the SoC name a profile models.
+_SOC_VERSIONS = {
+    "Ascend910PremiumA": 100, "Ascend910ProA": 101, "Ascend910A": 102, "Ascend910ProB": 103, "Ascend910B": 104,
+    "Ascend310P1": 200, "Ascend310P2": 201, "Ascend310P3": 202, "Ascend310P4": 203, "Ascend310P5": 204,
+    "Ascend310P7": 205, "Ascend910B1": 220, "Ascend910B2": 221, "Ascend910B2C": 222, "Ascend910B3": 223,
+    "Ascend910B4": 224, "Ascend910B4-1": 225, "Ascend310B1": 240, "Ascend310B2": 241, "Ascend310B3": 242,
+    "Ascend310B4": 243, "Ascend910_9391": 250, "Ascend910_9392": 251, "Ascend910_9381": 252,
+    "Ascend910_9382": 253, "Ascend910_9372": 254, "Ascend910_9362": 255, "Ascend910_9363": 256,
+}
+_ASCEND950 = 260  # every Ascend950 variant
+
+
+def _npu_get_soc_version() -> int:
+    """The simulated SoC's number in torch_npu's ``SocVersion`` (221 for the training profile's
+    Ascend910B2), -1 (``UnsupportedSocVersion``) for a name torch_npu does not know."""
+    name = get_profile().soc_name
+    if name.startswith("Ascend950"):
+        return _ASCEND950
+    return _SOC_VERSIONS.get(name, -1)
+
+
+def _empty_strided_npu(*args: Any) -> torch.Tensor:
+    """``_empty_strided_npu(sizes, strides, dtype)``: an uninitialised tensor on the current npu device, what
+    torch_npu's inductor wrapper allocates buffers with."""
+    if len(args) != 3:
+        raise TypeError(f"torch_npu._C._empty_strided_npu expects exactly 3 args: (sizes, strides, dtype), "
+                        f"got {len(args)}")
+    sizes, strides, dtype = args
+    if not isinstance(dtype, torch.dtype):
+        raise TypeError(f"torch_npu._C._empty_strided_npu: arg 3 must be a torch.dtype, got {type(dtype).__name__}")
+    if len(sizes) != len(strides):
+        raise ValueError(f"torch_npu._C._empty_strided_npu on npu:{torch.npu.current_device()}: sizes and strides "
+                         f"must have one entry per dimension, got {len(sizes)} sizes and {len(strides)} strides")
+    return torch.empty_strided(tuple(sizes), tuple(strides), dtype=dtype,
+                               device=torch.device("npu", torch.npu.current_device()))
 
 
 def __getattr__(name: str) -> Any:

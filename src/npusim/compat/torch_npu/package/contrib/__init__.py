@@ -1,4 +1,5 @@
-"""``torch_npu.contrib``: only ``transfer_to_npu`` is simulated."""
+"""``torch_npu.contrib``: ``transfer_to_npu`` and ``module`` (the modules PyTorch's operators compute) are
+simulated."""
 
 import sys
 from typing import Any
@@ -7,9 +8,9 @@ from npusim.compat.torch_npu import NotSimulatedError
 
 
 def __getattr__(name: str) -> Any:
-    if name == "transfer_to_npu":
+    if name in ("transfer_to_npu", "module"):
         import importlib
 
-        return importlib.import_module("torch_npu.contrib.transfer_to_npu")
+        return importlib.import_module(f"torch_npu.contrib.{name}")
     raise NotSimulatedError(f"torch_npu.contrib.{name} is not simulated by npusim (torch_npu.contrib's fused "
                             "modules and functions are CANN kernels)", name=name, obj=sys.modules[__name__])

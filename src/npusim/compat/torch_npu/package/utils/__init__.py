@@ -1,7 +1,8 @@
 """``torch_npu.utils``: the helpers that mean something on a simulator.
 
 ``get_cann_version`` is ``torch.npu.utils.get_cann_version`` (the profile's CANN
-release). torch_npu's other utilities (combined tensors, thread affinity, FLOP
+release); ``_path_manager.PathManager`` torch_npu's checked file-system helpers (a
+submodule). torch_npu's other utilities (combined tensors, thread affinity, FLOP
 counters, ``save_async``) raise NotSimulatedError naming the call.
 """
 
