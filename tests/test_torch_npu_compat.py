@@ -156,8 +156,28 @@ def test_c_entry_points_of_torch_npus_test_files(torch_npu):
     assert torch_npu._C._npu_checkPoolLiveAllocations(0, pool.id, set()) is False
     with pytest.raises(RuntimeError, match=r"private pool \(0, \d+\) does not exist on npu:0"):
         torch_npu._C._npu_checkPoolLiveAllocations(0, torch.npu.graph_pool_handle(), set())
-    with pytest.raises(AttributeError, match=r"torch_npu\._C\._weak_ref_tensor is not simulated"):
-        torch_npu._C._weak_ref_tensor  # noqa: B018
+
+
+
+def test_weak_ref_tensor_aliases_without_keeping_memory(torch_npu):
+    """_C._weak_ref_tensor views the same memory (a write shows through; sizes, strides, offset and the npu format
+    kept) without holding it: freeing the original returns its bytes while the weak tensor lives."""
+    base = torch.arange(24.0, device="npu").reshape(4, 6)
+    view = base[1:, ::2]
+    weak = torch_npu._C._weak_ref_tensor(view)
+    assert (weak.data_ptr(), weak.shape, weak.stride(), weak.storage_offset()) == (
+        view.data_ptr(), view.shape, view.stride(), view.storage_offset())
+    base.fill_(7.0)
+    assert weak.sum().item() == 7.0 * 9
+    cast = torch_npu.npu_format_cast(torch.ones(2, 3, 4, 5, device="npu"), 3)  # NC1HWC0
+    assert torch_npu.get_npu_format(torch_npu._C._weak_ref_tensor(cast)) == 3
+    torch.npu.synchronize()
+    before = torch.npu.memory_allocated()
+    del base, view, cast
+    torch.npu.synchronize()
+    assert torch.npu.memory_allocated() < before and weak.shape == (3, 3)
+    with pytest.raises(TypeError, match="_weak_ref_tensor: expected an npu tensor, got cpu"):
+        torch_npu._C._weak_ref_tensor(torch.ones(2))
 
 
 def test_custom_dtypes_storage_size_and_options(torch_npu, tmp_path):

@@ -89,6 +89,8 @@ FRAMEWORK_PROVIDED: dict[str, str] = {
     "torch_npu._C._empty_strided_npu": "an uninitialised tensor on the current npu (torch_npu's inductor wrapper)",
     "torch_npu._C._npu_checkPoolLiveAllocations": "a graph pool's allocated blocks against the expected addresses "
                                                   "(torch_npu's _graph_tree.check_memory_pool)",
+    "torch_npu._C._weak_ref_tensor": "a tensor over another's memory that does not keep it alive (torch_npu's "
+                                     "graph tree tests)",
     "torch_npu._C._npu_isHistoryEnabled": "whether _record_memory_history is recording (enable_history_recording)",
     "torch_npu.hifloat8": "torch_npu's custom dtype number (ACL's + 256); the ops computing in it are not "
                           "simulated (MindSpeed, torchtitan-npu)",
@@ -159,6 +161,4 @@ FRAMEWORK_REFUSED: dict[str, str] = {
     "torch_npu._C._distributed_c10d.ProcessGroupLCCL": "torch_npu's LCCL backend",
     "torch_npu.contrib.module.DCNv2": "torch_npu's modules over op-plugin kernels npusim has not (deformable "
                                       "convolution, ROI align, quantized linear layers, ...)",
-    "torch_npu._C._weak_ref_tensor": "a tensor over another's memory that does not keep it alive: the device core "
-                                     "has no non-owning npu storage yet",
 }

@@ -18,6 +18,7 @@ from torch_npu._C import _cd, _distributed_c10d
 
 from npusim.compat.torch_npu import NotSimulatedError
 from npusim.compile.generated_calls import get_raw_stream as _npu_getCurrentRawStream  # noqa: N812  (torch_npu's name)
+from npusim.ops.fused import layout
 from npusim.runtime.memory import _npu_checkPoolLiveAllocations, _npu_isHistoryEnabled
 from npusim.runtime.profiles import get_profile
 from npusim.runtime.utils import _is_gte_cann_version, get_cann_version
@@ -25,7 +26,7 @@ from npusim.runtime.utils import _is_gte_cann_version, get_cann_version
 __all__ = ["_cd", "_distributed_c10d", "_empty_strided_npu", "_get_cann_version", "_is_gte_cann_version",
            "_npu_checkPoolLiveAllocations", "_npu_getCurrentRawStream", "_npu_getCurrentRawStreamNoWait",
            "_npu_getDeviceCount", "_npu_get_soc_version", "_npu_hostEmptyCache", "_npu_isHistoryEnabled",
-           "_npu_npuCachingAllocator_set_allocator_settings", "_npu_sleep"]
+           "_npu_npuCachingAllocator_set_allocator_settings", "_npu_sleep", "_weak_ref_tensor"]
 
 # torch_npu's spellings.
 _get_cann_version = get_cann_version
@@ -71,6 +72,23 @@ def _empty_strided_npu(*args: Any) -> torch.Tensor:
                          f"must have one entry per dimension, got {len(sizes)} sizes and {len(strides)} strides")
     return torch.empty_strided(tuple(sizes), tuple(strides), dtype=dtype,
                                device=torch.device("npu", torch.npu.current_device()))
+
+
+def _weak_ref_tensor(t: torch.Tensor) -> torch.Tensor:
+    """A tensor over ``t``'s memory (same sizes, strides, offset, dtype and npu format) that does not keep it
+    alive, as torch_npu's: its storage is a data pointer without a deleter (PyTorch's
+    ``_construct_storage_from_data_pointer``, what CUDA's graph trees use), so reading it after ``t``'s storage
+    is freed reads freed memory. The graph trees hand such tensors out over memory they own."""
+    if not isinstance(t, torch.Tensor) or t.device.type != "npu":
+        where = t.device if isinstance(t, torch.Tensor) else type(t).__name__
+        raise TypeError(f"torch_npu._C._weak_ref_tensor: expected an npu tensor, got {where}")
+    source = t.untyped_storage()
+    storage = torch._C._construct_storage_from_data_pointer(source.data_ptr(), t.device, source.nbytes())
+    out = torch.empty(0, dtype=t.dtype, device=t.device).set_(storage, t.storage_offset(), t.shape, t.stride())
+    fmt = layout._FORMATS.get(source)  # the format lives with the storage (Note [Where the npu format lives])
+    if fmt is not None:
+        layout._FORMATS[out.untyped_storage()] = fmt
+    return out
 
 
 def __getattr__(name: str) -> Any:
