@@ -39,14 +39,17 @@ STARTUP_DIR = Path(__file__).parent / "startup"
 # The module is torch_npu's API as far as it means something on a simulator, and
 # absent where it does not, so feature detection sees what npusim really does:
 # - ``torch_npu.npu`` is ``torch.npu`` (``torch_npu.npu.amp`` etc. are its submodules), and
-#   ``torch_npu.npu._graph_tree`` is npusim's npu graph trees (``npusim.compile.graph_trees``,
-#   imported when a script imports it: ALIASED_MODULES);
+#   ``torch_npu.npu._graph_tree`` is npusim's npu graph trees (``npusim.compile.graph_trees``),
+#   ``torch_npu.npu._memory_viz`` ``npusim.runtime.memory_viz``, each imported when a script
+#   imports it (ALIASED_MODULES);
 # - ``torch_npu.<op>`` is op-plugin's fused operator ``torch.ops.npu.<op>`` when npusim
 #   simulates it (``npusim.ops.fused.OPS``, read at each attribute access);
 # - every other attribute raises NotSimulatedError, an AttributeError, naming the call,
 #   so ``hasattr(torch_npu, "npu_rms_norm")`` is False unless the operator is simulated;
-# - ``torch_npu.testing``, ``torch_npu._C`` (raw streams, ``_distributed_c10d``),
-#   ``torch_npu.utils``, ``torch_npu.contrib.transfer_to_npu``, ``torch_npu._inductor`` and
+# - torch_npu's custom dtype numbers (``torch_npu.hifloat8``, ...) and ``get_storage_size`` are
+#   attributes of the package;
+# - ``torch_npu.testing``, ``torch_npu._C`` (raw streams, ``_cd``, ``_distributed_c10d``),
+#   ``torch_npu.utils``, ``torch_npu.contrib.transfer_to_npu`` and ``.module``, ``torch_npu._inductor`` and
 #   ``torch_npu.dynamo.torchair`` (also ``import torchair``, as on Ascend: TORCHAIR_ALIAS;
 #   Note [torchair in npusim]) are modules in package/; torch_npu's services npusim has no model of
 #   (:data:`NOT_SIMULATED_MODULES`) fail to import with NotSimulatedModuleError, a
