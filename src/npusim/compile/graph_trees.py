@@ -43,6 +43,13 @@ graph that mutates a non-static input, an input that is neither dense nor
 non-overlapping, more than ``cudagraph_unexpected_rerecord_limit`` recordings of
 one function. Unlike CUDA's, the pool's blocks are not reused between the
 tree's graphs (Note [NPU graph memory]), so no pool state is checkpointed.
+
+The pool can be inspected as CUDA's trees inspect theirs: get_npugraph_segments
+and get_block_addrs read the allocator's snapshot, check_memory_pool compares the
+pool's allocated blocks with the storages expected live (the allocator's own
+count first, the snapshot only to name the difference), and
+_use_npu_memory_pool_manager routes a block of allocations into the pool. CUDA's
+trees call the check only under their debug asserts; this tree does not call it.
 """
 
 from __future__ import annotations
