@@ -341,3 +341,36 @@ def test_v3_errors_name_the_op_and_argument():
         fa_grad_v3(q, q, q, q, 2, "TND", actual_seq_qlen=lengths, actual_seq_kvlen=lengths, keep_prob=0.5)
     with pytest.raises(RuntimeError, match="npu_fusion_attention_v3: expected npu tensors, got query on cpu"):
         fa_v3(q.cpu(), q.cpu(), q.cpu(), 2, "TND", actual_seq_qlen=lengths, actual_seq_kvlen=lengths)
+
+
+def test_v3_and_grad_v3_capture_into_an_npu_graph_without_dropout():
+    """Note [npu_fusion_attention_v3 in an npu graph]: v3 and grad_v3 (BNSD) captured into an NPUGraph replay to the
+    eager results on new inputs; dropout inside a capture is refused naming the op."""
+    b, n, s, d = 1, 2, 6, 8
+    static = [torch.randn(b, n, s, d, device="npu") for _ in range(4)]  # query, key, value, dy
+
+    def step():
+        out = fa_v3(*static[:3], n, "BNSD", scale=0.3)
+        return fa_grad_v3(*static, n, "BNSD", softmax_max=out[1], softmax_sum=out[2], attention_in=out[0],
+                          scale_value=0.3, seed=out[4], offset=out[5])[:3] + (out[0],)
+
+    step()  # warm-up outside the capture, as CUDA graphs want
+    graph = torch.npu.NPUGraph()
+    with torch.npu.graph(graph):
+        captured = step()
+    fresh = [torch.randn(b, n, s, d) for _ in range(4)]
+    for buffer, value in zip(static, fresh, strict=True):
+        buffer.copy_(value)
+    graph.replay()
+    eager = step()
+    for got, want in zip(captured, eager, strict=True):
+        torch.testing.assert_close(got.cpu(), want.cpu(), atol=0, rtol=0)
+    refs = [t.double().requires_grad_() for t in fresh[:3]]
+    ref = attention(*refs, scale=0.3)
+    ref.backward(fresh[3].double())
+    torch.testing.assert_close(captured[3].cpu().double(), ref.detach(), **tolerance(torch.float32))
+    torch.testing.assert_close(captured[0].cpu().double(), refs[0].grad, **tolerance(torch.float32))
+    with pytest.raises(RuntimeError, match="npu_fusion_attention_v3: dropout .keep_prob < 1. inside an npu graph "
+                                           "capture is not simulated"):
+        with torch.npu.graph(torch.npu.NPUGraph()):
+            fa_v3(*static[:3], n, "BNSD", keep_prob=0.9)

@@ -86,7 +86,10 @@ def softmax_from_stats(s: Tensor, masked: Tensor | None, row_max: Tensor, row_su
 
 
 def _normalize(s: Tensor, row_max: Tensor, row_sum: Tensor | None, sink: Tensor | None) -> Softmax:
-    finite_max = torch.where(torch.isinf(row_max), torch.zeros_like(row_max), row_max)
+    # Comparisons, not torch.isinf: isinf's composite writes an abs into a resized output, which an npu graph
+    # capture refuses (npu_fusion_attention_v3 is op-plugin's graph-mode attention).
+    infinite = (row_max == float("inf")) | (row_max == float("-inf"))
+    finite_max = torch.where(infinite, torch.zeros_like(row_max), row_max)
     e = torch.exp(s - finite_max)
     sink_e = None if sink is None else torch.exp(_sink_logit(sink, s) - finite_max)
     if row_sum is None:

@@ -27,6 +27,16 @@ cumulative lengths of TND (their values are data): it checks what the shapes dec
 leaves the lengths, and the atten_mask size they bound, to the kernel. npusim tags v3
 ``nondeterministic_seeded`` (op-plugin's yaml does not) so that torch.compile never
 recomputes the forward in the backward with a fresh seed.
+
+Note [npu_fusion_attention_v3 in an npu graph]
+~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~
+op-plugin's docs: "aclgraph supports input_layout BNSD". Without dropout v3 and grad_v3
+capture into an NPUGraph and replay (they read no device value on the host: the seed and
+offset are filled on the device, and grad_v3 reads them only with dropout). Dropout inside a
+capture is refused naming the op: its mask is drawn at a (seed, offset) read from the npu
+generator on the host, and a graph-safe draw needs the generator's Philox state as device
+tensors (what CUDA's ``philox_cuda_state`` gives a kernel), which npusim's generator does not
+expose to Python.
 """
 
 from __future__ import annotations
@@ -105,11 +115,16 @@ def _fake_lengths(op: str, a: dict[str, Any]) -> dict[str, Any]:
 
 
 def _philox_tensor(value: int, device: torch.device) -> Tensor:
-    return torch.tensor([value], dtype=torch.int64, device=device)
+    """A (1,) int64 tensor filled on the device (a fill, not a host copy: an npu graph may be capturing)."""
+    return torch.full((1,), value, dtype=torch.int64, device=device)
 
 
 def _forward(*args: Any, **kwargs: Any) -> tuple[Tensor, Tensor, Tensor, Tensor, Tensor, Tensor]:
     a = _host_lengths(OP, _forward_args(*args, **kwargs))
+    # See Note [npu_fusion_attention_v3 in an npu graph].
+    check(a["keep_prob"] == 1 or not torch.npu.is_current_stream_capturing(), OP,
+          "dropout (keep_prob < 1) inside an npu graph capture is not simulated: the mask's Philox seed and offset "
+          "are read from the generator on the host, which a capture refuses; capture with keep_prob=1")
     out, softmax_max, softmax_sum, softmax_out, seed, offset, _ = fusion._forward(**a, op=OP)
     device = a["query"].device
     return out, softmax_max, softmax_sum, softmax_out, _philox_tensor(seed, device), _philox_tensor(offset, device)
@@ -138,12 +153,15 @@ def _grad_args(query: Tensor, key: Tensor, value: Tensor, dy: Tensor, head_num: 
 
 
 def _philox_value(name: str, value: Tensor | None, keep_prob: float) -> int:
-    """The forward's seed / offset from its one-element tensor (0 when dropout is off and it is not given)."""
-    if value is None:
-        check(keep_prob == 1, GRAD, f"{name} (the forward's) is needed when keep_prob < 1, got None")
+    """The forward's seed / offset from its one-element tensor. Read only with dropout: without it the value is
+    unused, and reading an npu tensor would synchronize (refused while an npu graph captures)."""
+    if value is not None:
+        check(value.numel() == 1 and not value.is_floating_point() and not value.is_complex(), GRAD,
+              f"{name} must be the forward's one-element int64 tensor, got {value.dtype} of shape "
+              f"{tuple(value.shape)}")
+    if keep_prob == 1:
         return 0
-    check(value.numel() == 1 and not value.is_floating_point() and not value.is_complex(), GRAD,
-          f"{name} must be the forward's one-element int64 tensor, got {value.dtype} of shape {tuple(value.shape)}")
+    check(value is not None, GRAD, f"{name} (the forward's) is needed when keep_prob < 1, got None")
     return int(value.item())
 
 
