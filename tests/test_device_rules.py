@@ -82,6 +82,22 @@ def test_cpu_indices_are_accepted():
     assert x.cpu().tolist() == [0.0, 9.0, 2.0, 3.0, 4.0]
 
 
+def test_cpu_masks_of_one_shape_size_each_result_by_their_values():
+    """x[cpu_mask] has one row per true element: two masks of the same shape and dtype give results of different
+    sizes. The output-metadata cache recorded host tensors by shape only, so the second call reused the first
+    mask's plan and failed on the stream (found by the conformance sweep's index_put backward, issue 39)."""
+    x = torch.arange(25.0, device="npu").reshape(5, 5)
+    for mask in ([True, False, True, True, False], [False] * 5, [False, True, False, False, False]):
+        cpu_mask = torch.tensor(mask)
+        assert torch.equal(x[cpu_mask].cpu(), x.cpu()[cpu_mask])
+        y = x.clone()
+        y[cpu_mask] = -1.0
+        expected = x.cpu().clone()
+        expected[cpu_mask] = -1.0
+        assert torch.equal(y.cpu(), expected)
+    torch.npu.synchronize()
+
+
 def test_two_npus_in_one_op_raise():
     """npu:0 and npu:1 in one op raise the same error, naming both."""
     if torch.npu.device_count() < 2:

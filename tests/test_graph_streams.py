@@ -8,6 +8,7 @@ import pytest
 import torch
 
 import npusim
+from npusim.testing.device_failures import clear_device_failures
 
 
 def _fork_join(a: torch.Tensor, b: torch.Tensor, side: torch.Stream) -> tuple[torch.Tensor, torch.Tensor]:
@@ -161,8 +162,9 @@ def test_a_stream_of_one_capture_cannot_wait_on_another_capture() -> None:
     torch.npu.synchronize()
 
 
-def test_a_failing_lane_fails_the_replay_without_hanging() -> None:
-    """An error in a side lane's task stops the replay and is reported by the replay stream, not a hang."""
+def test_a_failing_lane_fails_the_replay_without_hanging(device_failure: None) -> None:
+    """An error in a side lane's task stops the replay and is reported by the replay stream, not a hang; the
+    device then stays failed (Note [Sticky device errors]) until the harness forgets it, and replays again."""
     p = torch.full((16,), 0.5, device="npu")
     side = _side_stream()
     g = torch.npu.NPUGraph()
@@ -177,6 +179,9 @@ def test_a_failing_lane_fails_the_replay_without_hanging() -> None:
     with pytest.raises(RuntimeError, match=r"expected every element of p in \[0, 1\]"):
         g.replay()  # under launch blocking the replay itself raises, as a blocking cudaGraphLaunch would
         torch.npu.synchronize()
+    with pytest.raises(RuntimeError, match=r"expected every element of p in \[0, 1\].*stays failed.*graph_replay"):
+        g.replay()  # a launch on the failed device
+    clear_device_failures()
     p.fill_(0.5)
     g.replay()
     torch.npu.synchronize()

@@ -231,3 +231,23 @@ def synchronize_all_at_exit() -> None:
             print(f"npusim: at exit, npu:{device} had failed: asynchronous work on {failure}", file=sys.stderr,
                   flush=True)
 
+
+def device_failures() -> dict[int, str]:
+    """The failed devices and their first errors (``"<stream>: <op> failed: <message>"``): Note [Sticky device
+    errors] in ``csrc/runtime/stream.cpp``."""
+    from npusim.runtime import acl
+
+    failures = {device: acl.device_failure(device) for device in range(acl.device_count())}
+    return {device: failure for device, failure in failures.items() if failure}
+
+
+def clear_device_failures() -> dict[int, str]:
+    """For test harnesses only (npusim.testing.device_failures): forgets every device's failure, after waiting
+    for the work queued so far, as a new process would start without it; returns what was forgotten."""
+    from npusim.runtime import acl
+
+    acl.drain_streams(-1.0)
+    failures = device_failures()
+    for device in failures:
+        acl.clear_device_failure(device)
+    return failures

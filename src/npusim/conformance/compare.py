@@ -15,6 +15,8 @@ from typing import Any
 import torch
 from torch.utils._pytree import tree_flatten, tree_map, tree_unflatten
 
+from npusim._device import clear_device_failures
+
 __all__ = ["SampleResult", "dtype_from_name", "load_op_db", "ops_by_name", "run_op", "sample_count"]
 
 # Note [Differential conformance]
@@ -328,6 +330,19 @@ def values_not_comparable(op: Any, dtype: torch.dtype) -> str | None:
     return None
 
 
+def _check_sample_on_working_devices(op: Any, sample: Any, twin: Any | None, dtype: torch.dtype, index: int,
+                                     backward: bool) -> list[SampleResult]:
+    """_check_sample, then the devices made working again: an asynchronous failure is sticky (Note [Sticky device
+    errors]), and the next sample must not inherit it. A failure that no phase reported is this sample's error."""
+    results = _check_sample(op, sample, twin, dtype, index, backward)
+    failures = clear_device_failures()
+    if failures and not any(r.status == "error" for r in results):
+        detail = "an asynchronous failure no phase reported: " + "; ".join(failures.values())
+        results.append(SampleResult(op.full_name, str(dtype).removeprefix("torch."), index, "forward", "error",
+                                    detail[:_MAX_DETAIL]))
+    return results
+
+
 def _check_sample(op: Any, sample: Any, twin: Any | None, dtype: torch.dtype, index: int,
                   backward: bool) -> list[SampleResult]:
     name, dname = op.full_name, str(dtype).removeprefix("torch.")
@@ -455,7 +470,7 @@ def run_op(op: Any, dtype: torch.dtype, *, start: int = 0, max_samples: int | No
                 continue
             if on_sample is not None:
                 on_sample(index)
-            yield from _check_sample(op, sample, twin, dtype, index, grad)
+            yield from _check_sample_on_working_devices(op, sample, twin, dtype, index, grad)
     except Exception as exc:  # noqa: BLE001  (a sample generator that fails on CPU)
         yield SampleResult(op.full_name, str(dtype).removeprefix("torch."), -1, "forward", "skip",
                            "sample generation raised: " + _short(exc))

@@ -38,9 +38,9 @@ max_pending_launches: Callable[[], int] = C.max_pending_launches
 # test harnesses only (npusim.testing.clear_device_failures).
 device_failure: Callable[[int], str] = C.device_failure
 clear_device_failure: Callable[[int], None] = C.clear_device_failure
-# Interpreter exit (Note [Launches at exit]): from begin_exit on, other threads' launches are dropped.
+# Interpreter exit (Note [Launches at exit]): from begin_exit on, other Python threads stop at their next
+# launch or host wait.
 begin_exit: Callable[[], None] = C.begin_exit
-launches_dropped_at_exit: Callable[[], int] = C.launches_dropped_at_exit
 # Waits for every stream without raising; False at the timeout (timeout_s < 0: no limit).
 drain_streams: Callable[[float], bool] = C.drain_streams
 # True in a child forked after the npu was used (its device calls raise).

@@ -22,6 +22,7 @@ import torch
 
 from npusim.ops import foreach_copy_mode, trace_foreach_copy
 from npusim.runtime.profiles import PRESETS, use_profile
+from npusim.testing.device_failures import clear_device_failures
 
 DTYPES = (torch.float32, torch.float16, torch.bfloat16, torch.float64, torch.int32, torch.int64, torch.int16,
           torch.int8, torch.uint8, torch.bool, torch.complex64)
@@ -212,13 +213,15 @@ def _run(case: Case, dsts: list[torch.Tensor], srcs: list[torch.Tensor]) -> Base
 
 
 def _synchronize_all() -> BaseException | None:
-    """Waits for every npu; the first asynchronous error, each device's raised once."""
+    """Waits for every npu; the first asynchronous error. A failed device stays failed (Note [Sticky device
+    errors]): it is forgotten here, so that the next case starts on working devices, as in a new process."""
     first = None
     for index in range(torch.npu.device_count()):
         try:
             torch.npu.synchronize(index)
         except RuntimeError as exc:
             first = first or exc
+    clear_device_failures()
     return first
 
 

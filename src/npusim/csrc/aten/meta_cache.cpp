@@ -15,6 +15,11 @@ namespace npusim {
 // offsets, which arguments share a storage (overlap checks), conjugate and
 // negative bits, wrapped numbers, and the values of every other argument; a
 // training loop calls each op with the same few signatures over and over.
+// Host tensors are recorded by their metadata, not their values: a host
+// mask (bool or uint8, more than 0-dim), whose values size the output of
+// advanced indexing (x[cpu_mask]), makes the call uncacheable; a cached plan
+// of an earlier mask gave the wrong shape, and the kernel then failed on the
+// stream (issue 39's conformance sweep).
 // One exception: the floating-point scalars of a pointwise _foreach_* op are
 // recorded by kind, not value (OpTraits::floating_scalars_by_kind). Its
 // per-tensor ops' Meta kernels read only their kinds, and an optimizer hands
@@ -125,6 +130,12 @@ void MetaKey::add_npu_tensor(const at::Tensor& t, int32_t group) {
 }
 
 void MetaKey::add_host_tensor(const at::Tensor& t) {
+  // A host mask (bool or uint8, as advanced indexing takes them) decides the
+  // Meta kernel's output shape by its values (x[cpu_mask] has one row per
+  // true element), which the key does not record: such a call is not cached.
+  if (t.dim() > 0 && (t.scalar_type() == at::kBool || t.scalar_type() == at::kByte)) {
+    uncacheable();
+  }
   add(kHostTensor);
   add(static_cast<int64_t>(t.scalar_type()) |
       (static_cast<int64_t>(t.unsafeGetTensorImpl()->is_wrapped_number()) << 8));

@@ -192,7 +192,6 @@ void init_runtime_bindings(py::module& m) {
   });
   // Note [Launches at exit]
   m.def("begin_exit", &npusim::begin_exit);
-  m.def("launches_dropped_at_exit", &npusim::launches_dropped_at_exit);
   m.def("drain_streams", &npusim::drain_streams, py::arg("timeout_s") = -1.0, release());
   m.def("in_bad_fork", &npusim::in_bad_fork);
 

@@ -55,11 +55,11 @@ std::array<std::atomic<uint32_t>, kMaxDevices> g_live_streams{};
 // Streams outside the devices' tables (the graph's replay lane streams, ids
 // from kStreamsPerDevice on) whose worker has started: a free scans them too.
 std::mutex& g_unlisted_streams_mutex = *new std::mutex();
-std::vector<const NpuStream*>& g_unlisted_streams = *new std::vector<const NpuStream*>();
+std::vector<NpuStream*>& g_unlisted_streams = *new std::vector<NpuStream*>();
 std::atomic<size_t> g_unlisted_stream_count{0};
 
 // Called once per stream, when its worker starts.
-void note_live_stream(const NpuStream& stream) {
+void note_live_stream(NpuStream& stream) {
   if (stream.id() < kStreamsPerDevice) {
     g_live_streams[stream.device()].fetch_or(uint32_t{1} << stream.id(), std::memory_order_acq_rel);
     return;
@@ -353,7 +353,7 @@ void NpuStream::wait_for_launch_slot() {
 namespace {
 std::atomic<bool> g_exiting{false};
 std::thread::id g_exit_thread;  // written before g_exiting is set
-std::atomic<uint64_t> g_dropped_at_exit{0};
+std::atomic<bool> g_stop_reported{false};
 std::atomic<ThreadStopHook> g_thread_stop_hook{nullptr};
 
 // Stops a Python thread that launches or returns from a host wait once exit
@@ -367,7 +367,7 @@ bool stopped_at_exit() {
   if (hook == nullptr || !hook()) {
     return false;  // the core's own threads (a comm stream) finish their work
   }
-  if (g_dropped_at_exit.fetch_add(1, std::memory_order_acq_rel) == 0) {
+  if (!g_stop_reported.exchange(true, std::memory_order_acq_rel)) {
     std::fputs("npusim: the process is exiting: a thread still using the npu (a daemon thread?) was "
         "stopped at its next launch or wait, and what it launched after exit began is dropped\n", stderr);
     std::fflush(stderr);
@@ -394,10 +394,6 @@ void begin_exit() {
   g_exiting.store(true, std::memory_order_release);
 }
 
-uint64_t launches_dropped_at_exit() {
-  return g_dropped_at_exit.load(std::memory_order_acquire);
-}
-
 bool drain_streams(double timeout_s) {
   using Clock = std::chrono::steady_clock;
   const bool bounded = timeout_s >= 0;
@@ -412,14 +408,14 @@ bool drain_streams(double timeout_s) {
       }
     }
   }
-  std::vector<const NpuStream*> lanes;
+  std::vector<NpuStream*> lanes;
   {
     std::lock_guard<std::mutex> lock(g_unlisted_streams_mutex);
     lanes = g_unlisted_streams;
   }
-  for (const NpuStream* s : lanes) {
+  for (NpuStream* s : lanes) {
     const double left = bounded ? std::chrono::duration<double>(deadline - Clock::now()).count() : -1.0;
-    if (!const_cast<NpuStream*>(s)->wait_completed(s->enqueued(), bounded ? std::max(left, 0.0) : -1.0)) {
+    if (!s->wait_completed(s->enqueued(), bounded ? std::max(left, 0.0) : -1.0)) {
       return false;
     }
   }

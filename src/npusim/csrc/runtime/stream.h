@@ -121,10 +121,9 @@ constexpr uint64_t kDefaultMaxPendingLaunches = 1024;
 void set_max_pending_launches(uint64_t count);
 uint64_t max_pending_launches();
 
-// Note [Launches at exit]: from begin_exit on, launches from threads other
-// than the one exiting are dropped (counted, never run).
+// Note [Launches at exit]: from begin_exit on, a Python thread other than
+// the exiting one is stopped at its next launch or host wait.
 void begin_exit();
-uint64_t launches_dropped_at_exit();
 // Asked of a thread that launches or waits once exit has begun: the Python
 // bindings release the GIL for good and return true on a thread that runs
 // Python (it is then stopped), false on the core's own threads (they go on).
