@@ -453,6 +453,9 @@ def test_grouped_matmul_errors_carry_op_plugins_messages():
                                            r"\(3 rows"):
         ops.npu_grouped_matmul([a], [g[:6], g[4:]], group_list=torch.tensor([6, 9]).npu(), split_item=0,
                                group_type=2)
+    with pytest.raises(RuntimeError, match=r"npu_grouped_matmul: group_list must give one group per weight \(2\), "
+                                           r"got 3"):
+        ops.npu_grouped_matmul([x], [w], group_list=torch.tensor([2, 4, 6]).npu(), split_item=2, group_type=0)
     # the int-list overload infers group_type (op-plugin's meta function accepts None with a list)
     (y,) = ops.npu_grouped_matmul([x], [w], group_list=[2, 6], split_item=2)
     assert_matches(y, torch.cat([x[:2].cpu() @ w[0].cpu(), x[2:].cpu() @ w[1].cpu()]))

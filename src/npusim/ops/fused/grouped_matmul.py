@@ -143,7 +143,7 @@ def _grouped_matmul(x: list[Tensor], weight: list[Tensor], bias: list[Tensor] | 
         check(group_values is not None, _OP, "group_type 0 with one x needs group_list (the rows of each group)")
         check_dim(_OP, "x[0]", x[0], (2,))
         sizes = _sizes(group_values, group_list_type, x[0].shape[0], "rows of x")
-        _check_groups_per_weight(len(x), len(experts), len(sizes))
+        _check_groups_per_weight(len(x), len(experts), len(sizes), split_item)
         pieces = list(x[0].split(sizes, 0))
     else:
         _check_x_per_weight(len(x), len(experts))
@@ -162,7 +162,11 @@ def _grouped_matmul(x: list[Tensor], weight: list[Tensor], bias: list[Tensor] | 
     return out
 
 
-def _check_groups_per_weight(num_x: int, num_weight: int, num_groups: int) -> None:
+def _check_groups_per_weight(num_x: int, num_weight: int, num_groups: int, split_item: int = 0) -> None:
+    if split_item in (2, 3):  # one x split among the weights: op-plugin's message is for 0/1 only
+        check(num_weight == num_groups, _OP, f"group_list must give one group per weight ({num_weight}), got "
+                                             f"{num_groups}")
+        return
     check(num_x == 1 and num_weight == num_groups, _OP,
           "Invalid inputs. When split_item = 0 or 1 and input group_list is not None, the following two conditions "
           "are supposed to be satisfied: (1) length of x equals 1; (2) length of weight equals that of group_list. "
