@@ -147,7 +147,6 @@ FRAMEWORK_PROVIDED: dict[str, str] = {
 FRAMEWORK_REFUSED: dict[str, str] = {
     "torch_npu.npu_quant_matmul": "quantized matmul: no quantized kernels (torchtitan-npu, MindSpeed)",
     "torch_npu.npu_dynamic_mx_quant": "MX quantization: no such kernels (torchtitan-npu)",
-    "torch_npu.custom_shardings": "DTensor strategies of torch_npu's fused operators (torchtitan-npu)",
     "torch_npu.empty_with_swapped_memory": "host-swapped device memory is not simulated (MindSpeed)",
     "torch_npu.profiler": "torch_npu's profiler; npusim's device tasks are in torch.profiler (torchtitan-npu, "
                           "MindSpeed)",

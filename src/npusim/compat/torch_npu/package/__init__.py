@@ -21,6 +21,7 @@ from torch_npu._C import _cd
 from torch_npu.version import __version__  # noqa: F401  (torch_npu.__version__)
 
 from npusim.compat.torch_npu import PACKAGE_DIR, NotSimulatedError
+from npusim.distributed import dtensor_strategies
 from npusim.ops.fused import OPS
 from npusim.ops.fused.layout import Format  # noqa: F401  (torch_npu.Format, the ACL formats)
 
@@ -40,6 +41,10 @@ def get_storage_size(self: torch.Tensor) -> int:
     if self.device.type != "npu":
         raise RuntimeError(f"torch_npu.get_storage_size: expected an npu tensor, got one on {self.device}")
     return self.untyped_storage().nbytes() // self.element_size()
+
+# torch_npu registers its DTensor strategies of aten.matmul / matmul_backward on import, and frameworks wrap
+# them (torchtitan-npu's custom_shardings): npusim.distributed.dtensor_strategies.
+dtensor_strategies.register()
 
 npu = torch.npu
 sys.modules["torch_npu.npu"] = torch.npu

@@ -1,0 +1,163 @@
+"""torch_npu's DTensor strategies for aten.matmul and aten.matmul_backward, and their npu kernel.
+
+npusim.distributed.dtensor_strategies registers them (npusim's torch_npu does on import, as torch_npu
+does); npusim.ops.matmul_backward is the npu kernel of matmul_backward. On a 2-rank npu mesh, each
+sharded case gives the unsharded values with the placements the strategy says, and without
+communication where the inputs already sit where the strategy wants them.
+"""
+
+from __future__ import annotations
+
+import subprocess
+import sys
+
+import pytest
+import torch
+from torch.testing import assert_close
+
+from npusim.testing.ranks import run_ranks
+
+# (a's shape, b's shape, a's placement, b's placement, expected output placement): each a strategy that
+# takes the inputs where they are, so no collective runs. "S<d>" is Shard(d), "R" Replicate; "P" a Partial
+# output. (A case that must redistribute is not here: npusim's hccl backend fails a collective issued under
+# inference mode, which is where DTensor meets aten.matmul.default on npusim.)
+MATMUL_CASES = [
+    ((6, 4), (4, 8), "S0", "R", "S0"),  # m split
+    ((6, 4), (4, 8), "R", "S1", "S1"),  # n split
+    ((6, 4), (4, 8), "S1", "S0", "P"),  # k split: partial sums
+    ((2, 6, 4), (4, 8), "S0", "R", "S0"),  # batch dimension b lacks
+    ((4, 6, 4), (1, 4, 8), "S0", "R", "S0"),  # batch dimension b broadcasts
+    ((4, 6, 4), (4, 4, 8), "S0", "S0", "S0"),  # shared batch dimension
+    ((4,), (4, 8), "S0", "S0", "P"),  # 1-D row vector, k split
+    ((6, 4), (4,), "S0", "R", "S0"),  # 1-D column vector, m split
+    ((4,), (4,), "S0", "S0", "P"),  # dot product
+]
+
+# (grad's, a's and b's shapes, their placements, and the gradients' expected placements).
+BACKWARD_CASES = [
+    ((6, 8), (6, 4), (4, 8), ("S0", "S0", "R"), ("S0", "P")),  # m split: db sums over m
+    ((6, 8), (6, 4), (4, 8), ("S1", "R", "S1"), ("P", "S1")),  # n split: da sums over n
+    ((6, 8), (6, 4), (4, 8), ("R", "S1", "S0"), ("S1", "S0")),  # k split
+    ((2, 6, 8), (2, 6, 4), (4, 8), ("S0", "S0", "R"), ("S0", "P")),  # batch dimension b lacks
+    ((4, 6, 8), (4, 6, 4), (1, 4, 8), ("S0", "S0", "R"), ("S0", "P")),  # batch dimension b broadcasts
+    ((8,), (4,), (4, 8), ("S0", "R", "S1"), ("P", "S1")),  # 1-D a
+    ((6,), (6, 4), (4,), ("S0", "S0", "R"), ("S0", "P")),  # 1-D b
+]
+
+
+def _placement(name: str):
+    from torch.distributed.tensor import Partial, Replicate, Shard
+
+    return {"R": Replicate(), "P": Partial()}.get(name) or Shard(int(name[1:]))
+
+
+def _inputs(shapes: tuple[tuple[int, ...], ...], seed: int) -> list[torch.Tensor]:
+    generator = torch.Generator().manual_seed(seed)
+    return [torch.randn(shape, generator=generator) for shape in shapes]
+
+
+def _check_strategies(rank: int, world_size: int) -> int:
+    from torch.distributed.device_mesh import init_device_mesh
+    from torch.distributed.tensor import DTensor, distribute_tensor
+    from torch.distributed.tensor.debug import CommDebugMode
+
+    from npusim.distributed import dtensor_strategies
+
+    dtensor_strategies.register()
+    # Count the strategy's calls as torchtitan-npu's wrapper sees them: DTensor computed with it.
+    registry = DTensor._op_dispatcher.sharding_propagator.op_strategy_funcs
+    calls = []
+    original = registry[torch.ops.aten.matmul.default]
+    registry[torch.ops.aten.matmul.default] = lambda schema: calls.append(schema) or original(schema)
+    mesh = init_device_mesh("npu", (world_size,))
+    checked = 0
+    for i, (shape_a, shape_b, place_a, place_b, place_out) in enumerate(MATMUL_CASES):
+        what = f"matmul {shape_a} {place_a} @ {shape_b} {place_b}"
+        a, b = _inputs((shape_a, shape_b), seed=i)
+        da = distribute_tensor(a.npu(), mesh, [_placement(place_a)])
+        db = distribute_tensor(b.npu(), mesh, [_placement(place_b)])
+        # Under inference mode the composite reaches DTensor as aten.matmul.default, as torch_npu's does.
+        with torch.inference_mode(), CommDebugMode() as comm:
+            out = torch.matmul(da, db)
+        assert isinstance(out, DTensor), what
+        assert len(calls) == i + 1, f"{what}: the matmul strategy was not consulted"
+        assert comm.get_total_counts() == 0, f"{what}: {comm.get_comm_counts()}"
+        assert out.placements == (_placement(place_out),), f"{what}: {out.placements}"
+        assert_close(out.full_tensor().cpu(), torch.matmul(a, b), rtol=1e-5, atol=1e-5, msg=what)
+        checked += 1
+    for i, (shapes, places, grad_places) in enumerate((c[:3], c[3], c[4]) for c in BACKWARD_CASES):
+        what = f"matmul_backward {shapes} {places}"
+        grad, a, b = _inputs(shapes, seed=100 + i)
+        a_ref, b_ref = a.clone().requires_grad_(), b.clone().requires_grad_()
+        expected = torch.autograd.grad(torch.matmul(a_ref, b_ref), (a_ref, b_ref), grad)
+        dgrad, da, db = (distribute_tensor(t.npu(), mesh, [_placement(p)]) for t, p in zip((grad, a, b), places,
+                                                                                           strict=True))
+        with CommDebugMode() as comm:
+            grads = torch.ops.aten.matmul_backward.default(dgrad, da, db, [True, True])
+        assert comm.get_total_counts() == 0, f"{what}: {comm.get_comm_counts()}"
+        for got, want, place in zip(grads, expected, grad_places, strict=True):
+            assert got.placements == (_placement(place),), f"{what}: {got.placements}"
+            assert_close(got.full_tensor().cpu(), want, rtol=1e-5, atol=1e-5, msg=what)
+        # One gradient only: the other is undefined, as the mask asks.
+        only_b = torch.ops.aten.matmul_backward.default(dgrad, da, db, [False, True])
+        assert only_b[0] is None, what
+        assert_close(only_b[1].full_tensor().cpu(), expected[1], rtol=1e-5, atol=1e-5, msg=what)
+        checked += 1
+    return checked
+
+
+def test_matmul_strategies_give_unsharded_values_on_two_ranks():
+    """DTensor matmul and matmul_backward on a 2-rank npu mesh equal the unsharded ops, placed as derived."""
+    results = run_ranks(_check_strategies, timeout=180)
+    assert results == [len(MATMUL_CASES) + len(BACKWARD_CASES)] * 2
+
+
+@pytest.mark.parametrize(("shape_a", "shape_b"), [((6, 4), (4, 8)), ((4,), (4,)), ((3, 1, 6, 4), (5, 4, 2)),
+                                                  ((2, 3, 4), (4,)), ((4,), (2, 4, 3))])
+def test_matmul_backward_kernel_matches_autograd(shape_a, shape_b):
+    """aten::matmul_backward on the npu gives autograd's gradients of torch.matmul, broadcasts summed back."""
+    a, b = (t.double().requires_grad_() for t in _inputs((shape_a, shape_b), seed=3))
+    out = torch.matmul(a, b)
+    grad = torch.randn_like(out)
+    expected = torch.autograd.grad(out, (a, b), grad)
+    got = torch.ops.aten.matmul_backward(grad.npu(), a.detach().npu(), b.detach().npu(), [True, True])
+    for g, e in zip(got, expected, strict=True):
+        assert g.device.type == "npu"
+        assert_close(g.cpu(), e)
+
+
+def test_matmul_backward_kernel_names_the_op_on_bad_shapes():
+    """Mismatched contracted sizes or a wrong grad shape raise naming the op, the device and the shapes."""
+    x = torch.randn(3, 4, device="npu")
+    with pytest.raises(RuntimeError, match=r"aten::matmul_backward on npu:0: the contracted sizes differ.*"
+                                           r"\(3, 4\) has 4.*\(5, 2\) has 5"):
+        torch.ops.aten.matmul_backward(torch.randn(3, 2, device="npu"), x, torch.randn(5, 2, device="npu"),
+                                       [True, True])
+    with pytest.raises(RuntimeError, match=r"grad must have matmul's output shape \(3, 2\).*got \(2, 3\)"):
+        torch.ops.aten.matmul_backward(torch.randn(2, 3, device="npu"), x, torch.randn(4, 2, device="npu"),
+                                       [True, True])
+
+
+_REGISTRY_SCRIPT = """
+import torch
+import torch_npu  # registers torch_npu's DTensor strategies, as on Ascend
+from torch.distributed.tensor import DTensor
+
+registry = DTensor._op_dispatcher.sharding_propagator.op_strategy_funcs
+aten = torch.ops.aten
+# torchtitan-npu's custom_shardings pattern: find the op's strategy, wrap it, put the wrapper back.
+for op in (aten.matmul.default, aten.matmul_backward.default):
+    original = registry[op]
+    registry[op] = lambda schema, original=original: original(schema)
+print("ok")
+"""
+
+
+def test_torch_npu_import_registers_the_strategies_under_npusim_run(tmp_path):
+    """`import torch_npu` under npusim run puts both ops in DTensor's registry, where torchtitan-npu wraps them."""
+    script = tmp_path / "registry.py"
+    script.write_text(_REGISTRY_SCRIPT)
+    result = subprocess.run([sys.executable, "-m", "npusim", "run", str(script)], capture_output=True, text=True,
+                            timeout=240)
+    assert result.returncode == 0, result.stderr[-3000:]
+    assert result.stdout.strip().splitlines()[-1] == "ok"
