@@ -1,7 +1,8 @@
-"""torch_npu's DTensor strategies for aten.matmul and aten.matmul_backward, and their npu kernel.
+"""torch_npu's DTensor strategies for aten.matmul, aten.matmul_backward and op-plugin's fused operators, and
+matmul_backward's npu kernel.
 
-npusim.distributed.dtensor_strategies registers them (npusim's torch_npu does on import, as torch_npu
-does); npusim.ops.matmul_backward is the npu kernel of matmul_backward. On a 2-rank npu mesh, each
+npusim.distributed.dtensor_strategies and .fused_strategies define them (npusim's torch_npu registers them on
+import, as torch_npu does); npusim.ops.matmul_backward is the npu kernel of matmul_backward. On a 2-rank npu mesh, each
 sharded case gives the unsharded values with the placements the strategy says, and without
 communication where the inputs already sit where the strategy wants them.
 """
@@ -104,6 +105,55 @@ def _check_strategies(rank: int, world_size: int) -> int:
         assert_close(only_b[1].full_tensor().cpu(), expected[1], rtol=1e-5, atol=1e-5, msg=what)
         checked += 1
     return checked
+
+
+# op-plugin's fused operators: (name, the op's call on its tensors, the inputs' shapes, their placements, the
+# outputs' expected placements). Each is checked against the same op on the unsharded tensors.
+FUSED_CASES = [
+    ("npu_rms_norm", lambda x, g: torch.ops.npu.npu_rms_norm(x, g, 1e-6), ((4, 6, 8), (8,)), ("S1", "R"),
+     ("S1", "S1")),
+    ("npu_rms_norm_backward", torch.ops.npu.npu_rms_norm_backward, ((4, 6, 8), (4, 6, 8), (8,), (4, 6, 1)),
+     ("S0", "S0", "R", "S0"), ("S0", "P")),
+    ("npu_add_rms_norm", torch.ops.npu.npu_add_rms_norm, ((4, 6, 8), (4, 6, 8), (8,)), ("S1", "S1", "R"),
+     ("S1", "S1", "S1")),
+    ("npu_rotary_mul", torch.ops.npu.npu_rotary_mul, ((2, 6, 4, 8), (1, 6, 1, 8), (1, 6, 1, 8)),
+     ("S1", "S1", "S1"), ("S1",)),
+    ("npu_rotary_mul_backward", torch.ops.npu.npu_rotary_mul_backward,
+     ((2, 6, 4, 8), (2, 6, 4, 8), (1, 6, 1, 8), (1, 6, 1, 8)), ("S2", "S2", "R", "R"), ("S2", "P", "P")),
+    ("npu_swiglu", torch.ops.npu.npu_swiglu, ((4, 6, 8),), ("S0",), ("S0",)),
+    ("npu_swiglu_backward", torch.ops.npu.npu_swiglu_backward, ((4, 6, 4), (4, 6, 8)), ("S1", "S1"), ("S1",)),
+]
+
+
+def _check_fused_strategies(rank: int, world_size: int) -> int:
+    from torch.distributed.device_mesh import init_device_mesh
+    from torch.distributed.tensor import distribute_tensor
+    from torch.distributed.tensor.debug import CommDebugMode
+
+    from npusim.distributed import dtensor_strategies
+
+    dtensor_strategies.register()
+    mesh = init_device_mesh("npu", (world_size,))
+    for i, (name, op, shapes, places, out_places) in enumerate(FUSED_CASES):
+        inputs = [t.npu() for t in _inputs(shapes, seed=200 + i)]
+        if name == "npu_rms_norm_backward":
+            inputs[3] = inputs[3].abs() + 0.5  # rstd is positive
+        expected = op(*inputs)
+        expected = expected if isinstance(expected, tuple) else (expected,)
+        sharded = [distribute_tensor(t, mesh, [_placement(p)]) for t, p in zip(inputs, places, strict=True)]
+        with CommDebugMode() as comm:
+            got = op(*sharded)
+        got = got if isinstance(got, tuple) else (got,)
+        assert comm.get_total_counts() == 0, f"{name}: {comm.get_comm_counts()}"
+        for j, (g, e, p) in enumerate(zip(got, expected, out_places, strict=True)):
+            assert g.placements == (_placement(p),), f"{name} output {j}: {g.placements}"
+            assert_close(g.full_tensor().cpu(), e.cpu(), rtol=1e-5, atol=1e-5, msg=f"{name} output {j}")
+    return len(FUSED_CASES)
+
+
+def test_fused_operator_strategies_give_unsharded_values_on_two_ranks():
+    """op-plugin's norms, rotary embedding and SwiGLU on DTensors of a 2-rank npu mesh equal the unsharded ops."""
+    assert run_ranks(_check_fused_strategies, timeout=180) == [len(FUSED_CASES)] * 2
 
 
 def test_matmul_strategies_give_unsharded_values_on_two_ranks():

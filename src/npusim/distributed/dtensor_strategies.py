@@ -1,5 +1,7 @@
 """DTensor sharding strategies for ``aten.matmul`` and ``aten.matmul_backward``, as torch_npu registers.
 
+:func:`register` also registers those of op-plugin's fused operators (npusim.distributed.fused_strategies).
+
 torch_npu registers its own strategies for these two ops in DTensor's sharding propagator when it is
 imported (``torch_npu/distributed/tensor/``), and frameworks written for Ascend build on them:
 torchtitan-npu's ``patches/torch_npu/custom_shardings.py`` looks both ops up in
@@ -123,11 +125,14 @@ _registered = False
 
 
 def register() -> None:
-    """Registers the strategies in DTensor's sharding propagator (idempotent; a framework may wrap them
-    afterwards, as torchtitan-npu does, and a second call does not undo that)."""
+    """Registers these strategies and op-plugin's fused operators' (npusim.distributed.fused_strategies) in
+    DTensor's sharding propagator (idempotent; a framework may wrap them afterwards, as torchtitan-npu does,
+    and a second call does not undo that)."""
     global _registered
     if _registered:
         return
-    for op, shardings in STRATEGY_OPS.items():
+    from npusim.distributed.fused_strategies import FUSED_STRATEGY_OPS  # it imports this module's PlacementList
+
+    for op, shardings in {**STRATEGY_OPS, **FUSED_STRATEGY_OPS}.items():
         register_sharding(op)(shardings)
     _registered = True
