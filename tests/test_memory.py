@@ -170,3 +170,40 @@ def test_memory_functions_survive_torch_accelerator_built_from_torch_npu(monkeyp
     assert torch.accelerator.max_memory_allocated(0) == base + MIB
     assert torch.npu.mem_get_info(0)[1] == expected_info[1]
     del x
+
+
+def test_pinned_host_memory_stats_have_cudas_keys_and_resets():
+    """torch.npu.host_memory_stats reports CUDA's keys for pinned memory, counting each pin_memory() block from its
+    allocation to the host's free; reset_peak_host_memory_stats sets each peak to its current value and
+    reset_accumulated_host_memory_stats zeroes the allocated / freed history, as torch.cuda's do (torch_npu's
+    test_aclgraph_pin_memory calls both in its setUp)."""
+    torch.npu.synchronize()
+    gc.collect()
+    torch.npu.reset_accumulated_host_memory_stats()
+    torch.npu.reset_peak_host_memory_stats()
+    before = torch.npu.host_memory_stats()
+    assert before["allocations.allocated"] == before["allocations.freed"] == 0
+    assert before["num_host_alloc"] == before["num_host_free"] == 0
+    a, b = torch.empty(1000, dtype=torch.uint8).pin_memory(), torch.empty(24, dtype=torch.uint8).pin_memory()
+    stats = torch.npu.host_memory_stats()
+    for stat in ("allocations", "active_requests"):
+        assert stats[f"{stat}.current"] == before[f"{stat}.current"] + 2
+        assert stats[f"{stat}.allocated"] == 2 and stats[f"{stat}.freed"] == 0
+    for stat in ("allocated_bytes", "active_bytes"):
+        assert stats[f"{stat}.current"] == before[f"{stat}.current"] + 1024
+        assert stats[f"{stat}.allocated"] == 1024
+    assert stats["num_host_alloc"] == 2
+    del a
+    stats = torch.npu.host_memory_stats()
+    assert stats["allocations.current"] == before["allocations.current"] + 1 and stats["allocations.freed"] == 1
+    assert stats["allocated_bytes.peak"] == before["allocated_bytes.current"] + 1024
+    assert stats["allocated_bytes.current"] == before["allocated_bytes.current"] + 24 and stats["num_host_free"] == 1
+    torch.npu.reset_peak_host_memory_stats()
+    assert torch.npu.host_memory_stats()["allocated_bytes.peak"] == before["allocated_bytes.current"] + 24
+    torch.npu.reset_accumulated_host_memory_stats()
+    stats = torch.npu.host_memory_stats()
+    assert stats["allocations.allocated"] == stats["allocations.freed"] == stats["num_host_alloc"] == 0
+    assert stats["allocations.current"] == before["allocations.current"] + 1  # current values stay
+    nested = torch.npu.host_memory_stats_as_nested_dict()
+    assert nested["allocations"]["current"] == stats["allocations.current"]
+    del b

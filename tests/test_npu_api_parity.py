@@ -166,6 +166,21 @@ def _mem_pool(m: ModuleType) -> None:
     _raises(RuntimeError, lambda: m.use_mem_pool(pool, BAD).__enter__())
 
 
+def _reset_peak_host_memory_stats(m: ModuleType) -> None:
+    pinned = torch.ones(256).pin_memory()
+    del pinned
+    m.reset_peak_host_memory_stats()
+    stats = m.host_memory_stats()
+    assert stats["allocated_bytes.peak"] == stats["allocated_bytes.current"]
+
+
+def _reset_accumulated_host_memory_stats(m: ModuleType) -> None:
+    assert torch.ones(8).pin_memory().is_pinned()
+    m.reset_accumulated_host_memory_stats()
+    stats = m.host_memory_stats()
+    assert stats["allocations.allocated"] == stats["allocations.freed"] == stats["num_host_alloc"] == 0
+
+
 def _caching_allocator(m: ModuleType) -> None:
     before = m.memory_allocated(1)
     ptr = m.caching_allocator_alloc(4096, device=1)
@@ -342,6 +357,8 @@ CHECKS: dict[str, Callable[[ModuleType], None]] = {
     "host_memory_stats": lambda m: (torch.ones(8).pin_memory() is not None
                                     and m.host_memory_stats()["num_host_alloc"] >= 1 or None),
     "host_memory_stats_as_nested_dict": lambda m: (isinstance(m.host_memory_stats_as_nested_dict(), dict) or None),
+    "reset_peak_host_memory_stats": _reset_peak_host_memory_stats,
+    "reset_accumulated_host_memory_stats": _reset_accumulated_host_memory_stats,
     "ipc_collect": lambda m: m.ipc_collect(),
     "get_rng_state": _rng_state,
     "set_rng_state": _rng_state,
@@ -370,7 +387,7 @@ def test_every_shared_name_is_classified_once():
     assert sum(len(g) for g in groups) == len(set().union(*groups)), "a name is in two groups"
     assert set().union(*groups) == set(SHARED_WITH_CUDA)
     assert all(len(reason) > 20 for reason in NOT_APPLICABLE.values())
-    assert (len(CHECKS), len(NOT_APPLICABLE), len(SHARED_WITH_CUDA)) == (86, 6, 92)
+    assert (len(CHECKS), len(NOT_APPLICABLE), len(SHARED_WITH_CUDA)) == (88, 4, 92)
 
 
 @pytest.mark.parametrize("name", SHARED_WITH_CUDA)

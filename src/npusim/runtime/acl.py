@@ -139,6 +139,8 @@ simulate_host_memory: Callable[[int], None] = C.simulate_host_memory
 fail_host_mappings: Callable[[int], None] = C.fail_host_mappings
 mapped_segment_bytes: Callable[[], int] = C.mapped_segment_bytes
 host_memory_stats: Callable[[], dict[str, int]] = C.host_memory_stats
+reset_peak_host_memory_stats: Callable[[], None] = C.reset_peak_host_memory_stats
+reset_accumulated_host_memory_stats: Callable[[], None] = C.reset_accumulated_host_memory_stats
 
 # ---- timing model -----------------------------------------------------------
 

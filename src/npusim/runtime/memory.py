@@ -34,7 +34,8 @@ __all__ = [
     "get_per_process_memory_fraction", "host_empty_cache", "host_memory_stats", "host_memory_stats_as_nested_dict",
     "max_memory_allocated", "max_memory_cached", "max_memory_reserved", "mem_get_info", "memory_allocated",
     "memory_cached", "memory_reserved", "memory_snapshot", "memory_stats", "memory_stats_as_nested_dict",
-    "memory_summary", "reset_accumulated_memory_stats", "reset_max_memory_allocated", "reset_max_memory_cached",
+    "memory_summary", "reset_accumulated_host_memory_stats", "reset_accumulated_memory_stats",
+    "reset_max_memory_allocated", "reset_max_memory_cached", "reset_peak_host_memory_stats",
     "reset_peak_memory_stats", "set_memory_capacity", "set_per_process_memory_fraction", "use_mem_pool",
 ]
 
@@ -195,8 +196,20 @@ def caching_allocator_delete(mem_ptr: int) -> None:
 
 
 def host_memory_stats() -> dict[str, int]:
-    """Pinned host memory: live bytes, their peak, allocation and free counts."""
+    """Pinned host memory statistics under CUDA's keys (``allocations``, ``allocated_bytes``,
+    ``active_requests``, ``active_bytes``, each ``.current/.peak/.allocated/.freed``; ``num_host_alloc``,
+    ``num_host_free``): Note [Pinned host memory statistics] in csrc/runtime/host_allocator.cpp."""
     return dict(acl.host_memory_stats())
+
+
+def reset_peak_host_memory_stats() -> None:
+    """Each pinned host memory ``.peak`` back to its ``.current``, as torch.cuda's."""
+    acl.reset_peak_host_memory_stats()
+
+
+def reset_accumulated_host_memory_stats() -> None:
+    """Each pinned host memory ``.allocated`` / ``.freed`` and the alloc / free counts to zero, as torch.cuda's."""
+    acl.reset_accumulated_host_memory_stats()
 
 
 def host_memory_stats_as_nested_dict() -> dict[str, Any]:

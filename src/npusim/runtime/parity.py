@@ -38,9 +38,6 @@ NOT_APPLICABLE: dict[str, str] = {
     "set_sync_debug_mode": "npusim does not intercept synchronizing calls; the mode is stored and returned "
                            "by get_sync_debug_mode, nothing warns or raises",
     "get_sync_debug_mode": "see set_sync_debug_mode",
-    "reset_accumulated_host_memory_stats": "pinned host memory is not cached; host_memory_stats counts live "
-                                           "pinned bytes and allocations, with no resettable history",
-    "reset_peak_host_memory_stats": "see reset_accumulated_host_memory_stats",
 }
 
 # torch.cuda.CUDAGraph's methods (torch 2.13; the CUDA build's register_generator_state and

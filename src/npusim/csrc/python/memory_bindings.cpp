@@ -246,15 +246,27 @@ void init_memory_bindings(py::module& m) {
   m.def("set_checkpoint_pool_state", &set_checkpoint_pool_state);
 
   // pinned host memory
+  // CUDA's keys (torch.cuda.host_memory_stats): Note [Pinned host memory statistics]
   m.def("host_memory_stats", [] {
-    const auto& h = npusim::host_stats();
+    const at::HostStats h = npusim::host_stats();
     py::dict d;
-    d["allocated_bytes.current"] = h.allocated.load();
-    d["allocated_bytes.peak"] = h.peak_allocated.load();
-    d["num_host_alloc"] = h.num_allocs.load();
-    d["num_host_free"] = h.num_frees.load();
+    auto add = [&d](const char* name, const c10::CachingAllocator::Stat& stat) {
+      const std::string prefix(name);
+      d[py::str(prefix + ".current")] = stat.current;
+      d[py::str(prefix + ".peak")] = stat.peak;
+      d[py::str(prefix + ".allocated")] = stat.allocated;
+      d[py::str(prefix + ".freed")] = stat.freed;
+    };
+    add("allocations", h.allocations);
+    add("allocated_bytes", h.allocated_bytes);
+    add("active_requests", h.active_requests);
+    add("active_bytes", h.active_bytes);
+    d["num_host_alloc"] = h.num_host_alloc;
+    d["num_host_free"] = h.num_host_free;
     return d;
   });
+  m.def("reset_peak_host_memory_stats", &npusim::reset_host_peak_stats);
+  m.def("reset_accumulated_host_memory_stats", &npusim::reset_host_accumulated_stats);
 
   // the host behind the device (Note [Host memory behind the device]); test hooks
   m.def("set_host_memory_margin", &npusim::set_host_memory_margin);

@@ -32,15 +32,38 @@ struct PendingPinned {
 // destructors run at process exit.
 std::mutex& g_pinned_mutex = *new std::mutex();
 std::map<uintptr_t, size_t>& g_pinned_ranges = *new std::map<uintptr_t, size_t>();
-HostStats g_host_stats;
+
+// Note [Pinned host memory statistics]
+// torch.npu.host_memory_stats() reports CUDA's keys (allocations,
+// allocated_bytes, active_requests, active_bytes, each with current / peak /
+// allocated / freed; num_host_alloc, num_host_free), and the two resets work
+// as CUDA's do (peak back to current; allocated and freed to zero). npusim
+// caches no pinned block: every pin_memory() is a host allocation of its own,
+// so a block is both owned and active from its allocation to its free, and
+// allocations equals active_requests (and the bytes alike). A block leaves
+// the counts when the host frees it, whatever the streams are still doing
+// (its memory is released later, once no stream can touch it: Note
+// [Stream-ordered free]), so the figures are a function of the program alone.
+std::mutex& g_host_stats_mutex = *new std::mutex();
+at::HostStats& g_host_stats = *new at::HostStats();
 std::mutex& g_pinned_pending_mutex = *new std::mutex();
 std::vector<PendingPinned>& g_pinned_pending = *new std::vector<PendingPinned>();
 std::atomic<size_t> g_pinned_pending_count{0};
 
-void bump_peak(std::atomic<int64_t>& peak, int64_t value) {
-  int64_t prev = peak.load();
-  while (value > prev && !peak.compare_exchange_weak(prev, value)) {
-  }
+void count_pinned_block(int64_t nbytes) {
+  std::lock_guard<std::mutex> lock(g_host_stats_mutex);
+  auto change = [nbytes](c10::CachingAllocator::Stat& count, c10::CachingAllocator::Stat& bytes) {
+    if (nbytes > 0) {
+      count.increase(1);
+      bytes.increase(static_cast<size_t>(nbytes));
+    } else {
+      count.decrease(1);
+      bytes.decrease(static_cast<size_t>(-nbytes));
+    }
+  };
+  change(g_host_stats.allocations, g_host_stats.allocated_bytes);
+  change(g_host_stats.active_requests, g_host_stats.active_bytes);
+  (nbytes > 0 ? g_host_stats.num_host_alloc : g_host_stats.num_host_free) += 1;
 }
 
 void maybe_reclaim_pinned_frees() {
@@ -51,8 +74,7 @@ void maybe_reclaim_pinned_frees() {
 
 void free_pinned(void* ctx) {
   auto* b = static_cast<PinnedBlock*>(ctx);
-  g_host_stats.allocated.fetch_sub(static_cast<int64_t>(b->size));
-  g_host_stats.num_frees.fetch_add(1);
+  count_pinned_block(-static_cast<int64_t>(b->size));
   {
     std::lock_guard<std::mutex> lock(g_pinned_mutex);
     g_pinned_ranges.erase(reinterpret_cast<uintptr_t>(b->ptr));
@@ -89,10 +111,14 @@ class PinnedHostAllocator final : public at::HostAllocator {
     reclaim_pinned_frees();  // there is no cache; release what no stream can still touch
   }
   at::HostStats get_stats() override {
-    return {};
+    return host_stats();
   }
-  void reset_accumulated_stats() override {}
-  void reset_peak_stats() override {}
+  void reset_accumulated_stats() override {
+    reset_host_accumulated_stats();
+  }
+  void reset_peak_stats() override {
+    reset_host_peak_stats();
+  }
 };
 
 PinnedHostAllocator g_pinned_host_allocator;
@@ -118,9 +144,7 @@ c10::DataPtr allocate_pinned(size_t nbytes) {
     std::lock_guard<std::mutex> lock(g_pinned_mutex);
     g_pinned_ranges[reinterpret_cast<uintptr_t>(ptr)] = nbytes;
   }
-  bump_peak(g_host_stats.peak_allocated, g_host_stats.allocated.fetch_add(static_cast<int64_t>(nbytes)) +
-      static_cast<int64_t>(nbytes));
-  g_host_stats.num_allocs.fetch_add(1);
+  count_pinned_block(static_cast<int64_t>(nbytes));
   return c10::DataPtr(ptr, block, &free_pinned, c10::Device(c10::DeviceType::CPU));
 }
 
@@ -155,8 +179,27 @@ void reclaim_pinned_frees() {
   }
 }
 
-const HostStats& host_stats() {
+at::HostStats host_stats() {
+  std::lock_guard<std::mutex> lock(g_host_stats_mutex);
   return g_host_stats;
+}
+
+void reset_host_peak_stats() {
+  std::lock_guard<std::mutex> lock(g_host_stats_mutex);
+  for (auto* stat : {&g_host_stats.allocations, &g_host_stats.allocated_bytes, &g_host_stats.active_requests,
+           &g_host_stats.active_bytes}) {
+    stat->reset_peak();
+  }
+}
+
+void reset_host_accumulated_stats() {
+  std::lock_guard<std::mutex> lock(g_host_stats_mutex);
+  for (auto* stat : {&g_host_stats.allocations, &g_host_stats.allocated_bytes, &g_host_stats.active_requests,
+           &g_host_stats.active_bytes}) {
+    stat->reset_accumulated();
+  }
+  g_host_stats.num_host_alloc = 0;
+  g_host_stats.num_host_free = 0;
 }
 
 }  // namespace npusim

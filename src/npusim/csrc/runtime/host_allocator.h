@@ -3,6 +3,7 @@
 // allocator, with stream-ordered release (Note [Stream-ordered free]).
 #pragma once
 
+#include <ATen/core/CachingHostAllocator.h>
 #include <c10/core/Allocator.h>
 
 #include <atomic>
@@ -16,12 +17,10 @@ bool is_pinned_ptr(const void* ptr);
 // Releases freed pinned blocks that no stream can still touch.
 void reclaim_pinned_frees();
 
-struct HostStats {
-  std::atomic<int64_t> allocated{0};
-  std::atomic<int64_t> peak_allocated{0};
-  std::atomic<int64_t> num_allocs{0};
-  std::atomic<int64_t> num_frees{0};
-};
-const HostStats& host_stats();
+// CUDA's host allocator statistics (torch.cuda.host_memory_stats), as
+// PyTorch's at::HostStats holds them. See Note [Pinned host memory statistics].
+at::HostStats host_stats();
+void reset_host_peak_stats();
+void reset_host_accumulated_stats();
 
 }  // namespace npusim
