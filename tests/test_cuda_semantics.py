@@ -300,15 +300,12 @@ def test_abs_softsign_and_trace_of_bool_are_cudas():
     assert torch.equal(torch.trace(x.npu()).cpu(), torch.trace(x))
 
 
-# The half-precision cases below need C++ (csrc/aten), not written yet: strict xfail until then, so that the kernel
-# that makes them pass also removes the marks. The reasons say what is missing.
+# The half-precision softmax cases below need C++ (csrc/aten), not written yet: strict xfail until then, so that the
+# kernel that makes them pass also removes the mark. The reason says what is missing.
 _SOFTMAX_NEEDS_CPP = (
     "CUDA widens half_to_float softmax and its mixed backward in fp32; npu's kernels for _softmax / _log_softmax / "
     "_softmax_backward_data / _log_softmax_backward_data are fallback_routes.cpp's unboxed CPU routes, and CPU's "
     "kernel refuses half_to_float: needs a widening branch in those C++ routes")
-_BICUBIC_NEEDS_CPP = (
-    "CUDA reads fp16 / bf16 into fp32 for _upsample_bicubic2d_aa (+ backward); npu widens such ops in "
-    "cuda_semantics.cpp's WIDENED_TO_FP32, which lists bilinear AA but not bicubic AA: needs its four names there")
 
 
 @pytest.mark.xfail(strict=True, raises=RuntimeError, reason=_SOFTMAX_NEEDS_CPP)
@@ -337,9 +334,8 @@ def test_half_to_float_softmax_and_its_backward_are_cudas(log, device_failure):
         forward(x.bfloat16().npu(), -1, True).cpu()
 
 
-@pytest.mark.xfail(strict=True, raises=RuntimeError, reason=_BICUBIC_NEEDS_CPP)
 @pytest.mark.parametrize("dtype", [torch.float16, torch.bfloat16], ids=str)
-def test_reduced_bicubic_antialiased_upsampling_is_cudas(dtype, device_failure):
+def test_reduced_bicubic_antialiased_upsampling_is_cudas(dtype):
     """F.interpolate(mode="bicubic", antialias=True) of fp16 / bf16 is CPU's fp32 kernel on the widened values
     rounded once, forward and backward, as CUDA's kernel accumulates in fp32 (bilinear AA already is)."""
     x = torch.randn(2, 3, 9, 11, dtype=dtype)

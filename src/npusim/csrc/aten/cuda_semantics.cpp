@@ -185,11 +185,12 @@ std::tuple<at::Tensor, at::Tensor, at::Tensor> native_batch_norm_backward(const 
 //  - trace of bool: CUDA's trace_cuda, diagonal().sum() (int64);
 //  - nansum of complex input (and so nanmean): CUDA's sum with every element
 //    that has a NaN part counted as zero;
-//  - fp16 / bf16 avg_pool3d, _upsample_bilinear2d_aa, multi_margin_loss,
-//    multilabel_margin_loss (forward and backward) and fp16 rrelu: CUDA's
-//    kernels read the reduced values into fp32 (their accumulation type),
-//    compute there and round the results once; npu runs CPU's fp32 kernel on
-//    the widened values and rounds its results (WIDENED_TO_FP32).
+//  - fp16 / bf16 avg_pool3d, _upsample_bilinear2d_aa, _upsample_bicubic2d_aa,
+//    multi_margin_loss, multilabel_margin_loss (forward and backward) and
+//    fp16 rrelu: CUDA's kernels read the reduced values into fp32 (their
+//    accumulation type), compute there and round the results once; npu runs
+//    CPU's fp32 kernel on the widened values and rounds its results
+//    (WIDENED_TO_FP32).
 // Every other dtype runs CPU's kernel, also where CPU accepts more than CUDA
 // (histc of fp16): a wider npu breaks no CUDA program. Not honoured, with
 // why: complex32 (ComplexHalf, which PyTorch marks experimental) in about 25
@@ -287,7 +288,9 @@ at::Tensor& nansum_cuda_out(const at::Tensor& self, at::OptionalIntArrayRef dim,
 constexpr const char* WIDENED_TO_FP32[] = {
     "avg_pool3d", "avg_pool3d.out", "avg_pool3d_backward", "avg_pool3d_backward.grad_input",
     "_upsample_bilinear2d_aa", "_upsample_bilinear2d_aa.out", "_upsample_bilinear2d_aa_backward",
-    "_upsample_bilinear2d_aa_backward.grad_input", "multi_margin_loss", "multi_margin_loss.out",
+    "_upsample_bilinear2d_aa_backward.grad_input", "_upsample_bicubic2d_aa", "_upsample_bicubic2d_aa.out",
+    "_upsample_bicubic2d_aa_backward", "_upsample_bicubic2d_aa_backward.grad_input", "multi_margin_loss",
+    "multi_margin_loss.out",
     "multi_margin_loss_backward", "multi_margin_loss_backward.grad_input", "multilabel_margin_loss_forward",
     "multilabel_margin_loss_forward.output", "multilabel_margin_loss_backward",
     "multilabel_margin_loss_backward.grad_input", "rrelu_with_noise", "rrelu_with_noise.out",
