@@ -300,17 +300,11 @@ def test_abs_softsign_and_trace_of_bool_are_cudas():
     assert torch.equal(torch.trace(x.npu()).cpu(), torch.trace(x))
 
 
-# The half-precision softmax cases below need C++ (csrc/aten), not written yet: strict xfail until then, so that the
-# kernel that makes them pass also removes the mark. The reason says what is missing.
-_SOFTMAX_NEEDS_CPP = (
-    "CUDA widens half_to_float softmax and its mixed backward in fp32; npu's kernels for _softmax / _log_softmax / "
-    "_softmax_backward_data / _log_softmax_backward_data are fallback_routes.cpp's unboxed CPU routes, and CPU's "
-    "kernel refuses half_to_float: needs a widening branch in those C++ routes")
+# Note [Half-to-float softmax as CUDA's] (csrc/aten/fallback_routes.cpp).
 
 
-@pytest.mark.xfail(strict=True, raises=RuntimeError, reason=_SOFTMAX_NEEDS_CPP)
 @pytest.mark.parametrize("log", [False, True], ids=["softmax", "log_softmax"])
-def test_half_to_float_softmax_and_its_backward_are_cudas(log, device_failure):
+def test_half_to_float_softmax_and_its_backward_are_cudas(log):
     """aten::_(log_)softmax(x_half, dim, half_to_float=True) gives CUDA's float32 result of the fp32 computation;
     its backward (_softmax_backward_data with float grad and output, input_dtype half) a half gradient; bf16 with
     half_to_float is refused with CUDA's message."""

@@ -337,6 +337,37 @@ UnboxedKernel unboxed() {
 // The type of a call of at::meta::fn (the op's structured meta function).
 #define NPUSIM_META(fn) decltype([](auto&... a) -> at::Tensor { return at::meta::fn(a...); })
 
+// Note [Half-to-float softmax as CUDA's]
+// CUDA's softmax and log_softmax take half_to_float=True (a Half input and a
+// float32 result computed in fp32), and their backward takes a float32 grad
+// and output with input_dtype Half (a Half gradient): the pair that a
+// softmax computed in fp32 for half inputs differentiates through. CPU's
+// kernels refuse both. npu follows CUDA (Note [npu follows CUDA where CPU
+// differs] in cuda_semantics.cpp): the input is widened to fp32 on the
+// device and the fp32 kernel runs, as CUDA accumulates in fp32; the backward
+// runs in fp32 and rounds its result to Half once. Other dtypes get CUDA's
+// errors. Without a conversion (every other call) the op is the unboxed
+// fallback as before, behind one branch.
+template <class Fallback, at::Tensor (*Fp32)(const at::Tensor&, int64_t, bool)>
+at::Tensor softmax_as_cuda(c10::DispatchKeySet keys, const at::Tensor& self, int64_t dim, bool half_to_float) {
+  if (C10_LIKELY(!half_to_float)) {
+    return Fallback::call(keys, self, dim, half_to_float);
+  }
+  TORCH_CHECK(self.scalar_type() == at::kHalf, "conversion is supported for Half type only");
+  return Fp32(self.to(at::kFloat), dim, false);
+}
+
+template <class Fallback, at::Tensor (*Fp32)(const at::Tensor&, const at::Tensor&, int64_t, at::ScalarType)>
+at::Tensor softmax_backward_as_cuda(c10::DispatchKeySet keys, const at::Tensor& grad, const at::Tensor& output,
+    int64_t dim, at::ScalarType input_dtype) {
+  if (C10_LIKELY(grad.scalar_type() == input_dtype)) {
+    return Fallback::call(keys, grad, output, dim, input_dtype);
+  }
+  TORCH_CHECK(grad.scalar_type() == at::kFloat && input_dtype == at::kHalf,
+      "expected input and grad types to match, or input to be at::Half and grad to be at::Float");
+  return Fp32(grad, output, dim, at::kFloat).to(at::kHalf);
+}
+
 // The hottest routed ops, by name; see Note [Unboxed fallback kernels].
 const std::unordered_map<std::string, UnboxedKernel>& unboxed_kernels() {
   namespace ops = at::_ops;
@@ -383,12 +414,25 @@ const std::unordered_map<std::string, UnboxedKernel>& unboxed_kernels() {
       {"aten::sum.dim_IntList", unboxed<ops::sum_dim_IntList, ops::sum_IntList_out, NPUSIM_META(sum)>()},
       {"aten::mean.dim", unboxed<ops::mean_dim, ops::mean_out, NPUSIM_META(mean)>()},
       {"aten::amax", unboxed<ops::amax, ops::amax_out, NPUSIM_META(amax)>()},
-      {"aten::_softmax", unboxed<ops::_softmax, ops::_softmax_out, NPUSIM_META(_softmax)>()},
-      {"aten::_softmax_backward_data",
-          unboxed<ops::_softmax_backward_data, ops::_softmax_backward_data_out, NPUSIM_META(_softmax_backward_data)>()},
-      {"aten::_log_softmax", unboxed<ops::_log_softmax, ops::_log_softmax_out, NPUSIM_META(_log_softmax)>()},
-      {"aten::_log_softmax_backward_data", unboxed<ops::_log_softmax_backward_data,
-          ops::_log_softmax_backward_data_out, NPUSIM_META(_log_softmax_backward_data)>()},
+      // Note [Half-to-float softmax as CUDA's]
+      {"aten::_softmax", UnboxedKernel{[] {
+         using Fallback = UnboxedFallback<ops::_softmax, ops::_softmax_out, NPUSIM_META(_softmax)>;
+         return torch::CppFunction(TORCH_FN((&softmax_as_cuda<Fallback, &at::_softmax>)));
+       }, false}},
+      {"aten::_softmax_backward_data", UnboxedKernel{[] {
+         using Fallback = UnboxedFallback<ops::_softmax_backward_data, ops::_softmax_backward_data_out,
+             NPUSIM_META(_softmax_backward_data)>;
+         return torch::CppFunction(TORCH_FN((&softmax_backward_as_cuda<Fallback, &at::_softmax_backward_data>)));
+       }, false}},
+      {"aten::_log_softmax", UnboxedKernel{[] {
+         using Fallback = UnboxedFallback<ops::_log_softmax, ops::_log_softmax_out, NPUSIM_META(_log_softmax)>;
+         return torch::CppFunction(TORCH_FN((&softmax_as_cuda<Fallback, &at::_log_softmax>)));
+       }, false}},
+      {"aten::_log_softmax_backward_data", UnboxedKernel{[] {
+         using Fallback = UnboxedFallback<ops::_log_softmax_backward_data, ops::_log_softmax_backward_data_out,
+             NPUSIM_META(_log_softmax_backward_data)>;
+         return torch::CppFunction(TORCH_FN((&softmax_backward_as_cuda<Fallback, &at::_log_softmax_backward_data>)));
+       }, false}},
   };
   return kernels;
 }
