@@ -30,6 +30,17 @@ def _qkv():
     return [torch.randn(B, N, S, D, dtype=torch.float64) for _ in range(3)]
 
 
+
+def _assert_matches_reference(out, npu_inputs, inputs, dy, keep) -> None:  # noqa: ANN001
+    """The npu output and q/k/v gradients equal the float64 reference attention with the same keep mask."""
+    refs = [t.clone().requires_grad_() for t in inputs]
+    ref = attention(*refs, scale=0.4, keep=keep, keep_prob=0.7)
+    ref.backward(dy)
+    torch.testing.assert_close(out.detach().cpu().double(), ref.detach(), atol=2e-5, rtol=2e-5)
+    for got, want in zip((t.grad for t in npu_inputs), refs, strict=True):
+        torch.testing.assert_close(got.cpu().double(), want.grad, atol=2e-5, rtol=2e-5)
+
+
 def test_dropout_is_reproducible_under_manual_seed_and_advances_the_generator():
     """Same seed, same output; the generator hands out (seed, offset) and moves past the mask."""
     q, k, v = (t.float().to("npu") for t in _qkv())
@@ -58,12 +69,7 @@ def test_forward_and_backward_use_the_mask_of_the_returned_seed_and_offset():
     assert torch.npu.default_generators[0].get_offset() == after_forward  # the backward draws nothing new
     keep = _keep(seed, offset, numels, 0.7).view(B, N, S, S)
     assert 0.55 < keep.double().mean() < 0.85
-    refs = [t.clone().requires_grad_() for t in (q, k, v)]
-    ref = attention(*refs, scale=0.4, keep=keep, keep_prob=0.7)
-    ref.backward(dy)
-    torch.testing.assert_close(out.detach().cpu().double(), ref.detach(), atol=2e-5, rtol=2e-5)
-    for got, want in zip((qn.grad, kn.grad, vn.grad), refs, strict=True):
-        torch.testing.assert_close(got.cpu().double(), want.grad, atol=2e-5, rtol=2e-5)
+    _assert_matches_reference(out, (qn, kn, vn), (q, k, v), dy, keep)
 
 
 def test_explicit_seed_and_dropout_mask_argument():
@@ -155,10 +161,4 @@ def test_v3_returns_seed_and_offset_as_tensors_and_reuses_the_mask_in_backward()
     dy = torch.randn(B, N, S, D, dtype=torch.float64)
     out.backward(dy.float().to("npu"))
     assert torch.npu.default_generators[0].get_offset() == after_forward
-    keep = _keep(5, 4, NUMELS, 0.7).view(B, N, S, S)
-    refs = [t.clone().requires_grad_() for t in (q, k, v)]
-    ref = attention(*refs, scale=0.4, keep=keep, keep_prob=0.7)
-    ref.backward(dy)
-    torch.testing.assert_close(out.detach().cpu().double(), ref.detach(), atol=2e-5, rtol=2e-5)
-    for got, want in zip((qn.grad, kn.grad, vn.grad), refs, strict=True):
-        torch.testing.assert_close(got.cpu().double(), want.grad, atol=2e-5, rtol=2e-5)
+    _assert_matches_reference(out, (qn, kn, vn), (q, k, v), dy, _keep(5, 4, NUMELS, 0.7).view(B, N, S, S))

@@ -247,13 +247,18 @@ def _forward_fake(*args: Any, **kwargs: Any) -> tuple[Tensor, Tensor, Tensor, Te
         call.numels
 
 
-def _backward_fake(*args: Any, **kwargs: Any) -> tuple[Tensor, Tensor, Tensor, Tensor, Tensor]:
-    a = _grad_args(*args, **kwargs)
-    _parse_grad(a)
+def _empty_gradients(a: dict[str, Any]) -> tuple[Tensor, Tensor, Tensor, Tensor, Tensor]:
+    """The grad op's outputs, empty: dq, dk, dv like their inputs, dpse like pse (else empty), dsink in fp32."""
     query, pse, sink = a["query"], a["pse"], a["sink"]
     dpse = query.new_empty(0) if pse is None else torch.empty_like(pse)
     dsink = query.new_empty(0, dtype=torch.float32) if sink is None else torch.empty_like(sink)
     return torch.empty_like(query), torch.empty_like(a["key"]), torch.empty_like(a["value"]), dpse, dsink
+
+
+def _backward_fake(*args: Any, **kwargs: Any) -> tuple[Tensor, Tensor, Tensor, Tensor, Tensor]:
+    a = _grad_args(*args, **kwargs)
+    _parse_grad(a)
+    return _empty_gradients(a)
 
 
 def _setup_context(ctx: Any, inputs: tuple[Any, ...], output: tuple[Any, ...]) -> None:

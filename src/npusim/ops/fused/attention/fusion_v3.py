@@ -175,10 +175,7 @@ def _backward_fake(*args: Any, **kwargs: Any) -> tuple[Tensor, Tensor, Tensor, T
     a = _fake_lengths(GRAD, _grad_args(*args, **kwargs))
     a["seed"] = a["offset"] = 0
     fusion._parse_grad(fusion._grad_args(**a, numels=None), GRAD)
-    query, pse, sink = a["query"], a["pse"], a["sink"]
-    dpse = query.new_empty(0) if pse is None else torch.empty_like(pse)
-    dsink = query.new_empty(0, dtype=torch.float32) if sink is None else torch.empty_like(sink)
-    return torch.empty_like(query), torch.empty_like(a["key"]), torch.empty_like(a["value"]), dpse, dsink
+    return fusion._empty_gradients(a)
 
 
 def _setup_context(ctx: Any, inputs: tuple[Any, ...], output: tuple[Any, ...]) -> None:
