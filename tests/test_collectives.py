@@ -198,6 +198,19 @@ def test_values_of_every_op():
     run_ranks(_check_data_movement)
 
 
+def _every_op_under_inference_mode(rank: int, world: int) -> None:
+    with torch.inference_mode():
+        _check_reductions(rank, world)
+        _check_data_movement(rank, world)
+
+
+def test_values_of_every_op_under_inference_mode():
+    """The same collectives on inference tensors (torch.inference_mode, as inference with tensor parallelism runs
+    them): a collective writes its outputs as a device does, so all_gather_into_tensor no longer raises "Inplace
+    update to inference tensor outside InferenceMode" (Note [Collectives write as a device does])."""
+    run_ranks(_every_op_under_inference_mode, bind_device=False)
+
+
 def test_p2p_barrier_async_and_alloc():
     """send/recv (also crossing isends), barrier, async_op futures, allocate_tensor, DeviceMesh/DTensor,
     split and new groups."""

@@ -195,10 +195,28 @@ c10::intrusive_ptr<c10d::Work> ProcessGroupNpu::launch(Launch&& l) {
     api.enqueue(stream, [ready] { ready->set(); }, 0.0);
     job.inputs_ready = std::move(ready);
   }
+  // Note [Collectives write as a device does]
+  // gloo runs the collective on the comm stream's thread over CPU aliases of
+  // the npu tensors, and some of its ops write the outputs with ATen ops
+  // (all_gather_into_tensor copies into its output). Under the issuing
+  // thread's torch.inference_mode the tensors are inference tensors, and an
+  // in-place ATen op on one outside inference mode raises ("Inplace update to
+  // inference tensor outside InferenceMode"), so a collective under
+  // inference mode failed on 2 ranks. A collective's writes are a device's
+  // (NCCL's and HCCL's kernels write memory; autograd sees nothing), so the
+  // comm thread runs them below autograd and ADInplaceOrView: no
+  // inference-tensor check, no version bump on the aliases, whatever mode
+  // the issuing thread was in.
   if (l.post) {
-    job.post = [post = std::move(l.post), keep = std::move(l.keep)] { return post(); };
+    job.post = [post = std::move(l.post), keep = std::move(l.keep)] {
+      const at::AutoDispatchBelowADInplaceOrView device_writes;
+      return post();
+    };
   } else {
-    job.run = [run = std::move(l.run), keep = std::move(l.keep)] { run(); };
+    job.run = [run = std::move(l.run), keep = std::move(l.keep)] {
+      const at::AutoDispatchBelowADInplaceOrView device_writes;
+      run();
+    };
   }
   job.complete = work->completer();
   job.release = work->releaser();
