@@ -212,7 +212,8 @@ def exiting_on_interrupt() -> bool:
 def synchronize_all_at_exit() -> None:
     """Waits at interpreter exit for the work every stream had queued when exit began, never raising;
     a failed device is reported on stderr, one line each, and after a Ctrl-C the wait is bounded. From
-    then on other threads' launches are dropped. See Note [Failures found at exit]."""
+    then on another Python thread stops at its next launch or host wait (Note [Launches at exit]). See
+    Note [Failures found at exit]."""
     from npusim.runtime import acl
 
     if acl.in_bad_fork():
