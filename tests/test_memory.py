@@ -64,6 +64,10 @@ def test_out_of_memory_error_and_recovery():
     with pytest.raises(torch.npu.OutOfMemoryError) as info:
         torch.empty(14 * MIB, dtype=torch.uint8, device="npu")
     message = str(info.value)
+    # torch_npu's first sentence (frameworks and torch_npu's tests match it), then npusim's detail
+    assert message.startswith("NPU out of memory. Tried to allocate 14.00 MiB (NPU 0; ")
+    assert "total capacity; " in message and "already allocated; " in message and "current active; " in message
+    assert "12.00 MiB free; " in message and "reserved in total by PyTorch). On npu:0, " in message
     assert "npu:0" in message and "14.00 MiB (14680064 bytes)" in message
     assert "12.00 MiB free (12582912 bytes)" in message
     assert torch.npu.memory_stats()["num_ooms"] >= 1 and "npu:0" in torch.npu.memory_summary()

@@ -639,9 +639,17 @@ Block* DeviceCache::adopt_locked(c10::DataPtr&& cpu, size_t nbytes, c10::StreamI
   const int64_t free_bytes = cap < 0 ? -1 : std::max<int64_t>(0, cap - reserved());
   record_trace_locked("oom", static_cast<uintptr_t>(std::max<int64_t>(0, free_bytes)), nbytes, 0);
   const int64_t allocated = stats.allocated_bytes[0].current;
+  const int64_t total = capacity.load();
+  const std::string free_text = cap < 0 ? std::string("unlimited") : format_bytes(free_bytes);
+  // torch_npu's first sentence, which user code and torch_npu's tests match
+  // ("NPU out of memory. Tried to allocate"), then npusim's detail.
   std::ostringstream msg;
-  msg << "NPU out of memory on npu:" << static_cast<int>(device) << ". Tried to allocate "
-      << format_bytes(static_cast<int64_t>(nbytes)) << " (" << nbytes << " bytes";
+  msg << "NPU out of memory. Tried to allocate " << format_bytes(static_cast<int64_t>(nbytes)) << " (NPU "
+      << static_cast<int>(device) << "; " << (total < 0 ? std::string("unlimited") : format_bytes(total))
+      << " total capacity; " << format_bytes(allocated) << " already allocated; "
+      << format_bytes(stats.active_bytes[0].current) << " current active; " << free_text << " free; "
+      << format_bytes(reserved()) << " reserved in total by PyTorch). On npu:" << static_cast<int>(device)
+      << ", " << format_bytes(static_cast<int64_t>(nbytes)) << " (" << nbytes << " bytes";
   if (alloc_size != nbytes) {
     msg << ", a new segment of " << format_bytes(static_cast<int64_t>(alloc_size));
   }
@@ -649,14 +657,13 @@ Block* DeviceCache::adopt_locked(c10::DataPtr&& cpu, size_t nbytes, c10::StreamI
   if (!why.empty()) {
     msg << why << ". The simulated device has ";
   }
-  const int64_t total = capacity.load();
   msg << "capacity " << (total < 0 ? std::string("unlimited") : format_bytes(total));
   if (cap >= 0 && cap != total) {
     msg << ", of which this process may reserve " << format_bytes(cap) << " (per-process memory fraction "
         << fraction.load() << ")";
   }
   msg << ", " << format_bytes(allocated) << " allocated, " << format_bytes(reserved()) << " reserved, "
-      << (cap < 0 ? std::string("unlimited") : format_bytes(free_bytes)) << " free";
+      << free_text << " free";
   if (cap >= 0) {
     msg << " (" << free_bytes << " bytes)";
   }
