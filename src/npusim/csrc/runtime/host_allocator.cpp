@@ -10,6 +10,7 @@
 #include <c10/util/Exception.h>
 
 #include <algorithm>
+#include <array>
 #include <cstring>
 #include <map>
 #include <mutex>
@@ -184,18 +185,24 @@ at::HostStats host_stats() {
   return g_host_stats;
 }
 
+namespace {
+// The four counted statistics (guarded by g_host_stats_mutex).
+std::array<c10::CachingAllocator::Stat*, 4> counted_host_stats() {
+  return {&g_host_stats.allocations, &g_host_stats.allocated_bytes, &g_host_stats.active_requests,
+      &g_host_stats.active_bytes};
+}
+}  // namespace
+
 void reset_host_peak_stats() {
   std::lock_guard<std::mutex> lock(g_host_stats_mutex);
-  for (auto* stat : {&g_host_stats.allocations, &g_host_stats.allocated_bytes, &g_host_stats.active_requests,
-           &g_host_stats.active_bytes}) {
+  for (auto* stat : counted_host_stats()) {
     stat->reset_peak();
   }
 }
 
 void reset_host_accumulated_stats() {
   std::lock_guard<std::mutex> lock(g_host_stats_mutex);
-  for (auto* stat : {&g_host_stats.allocations, &g_host_stats.allocated_bytes, &g_host_stats.active_requests,
-           &g_host_stats.active_bytes}) {
+  for (auto* stat : counted_host_stats()) {
     stat->reset_accumulated();
   }
   g_host_stats.num_host_alloc = 0;

@@ -44,7 +44,6 @@ std::array<DeviceStreams, kMaxDevices>& all_streams() {
 }
 
 thread_local std::array<c10::StreamId, kMaxDevices> tls_current_stream{};
-bool stopped_at_exit();  // Note [Launches at exit]
 // Tasks pushed to any stream and not yet completed: a free with none pending
 // (the common case between ops) skips scanning every stream of every device.
 std::atomic<uint64_t> g_unfinished_tasks{0};
@@ -328,7 +327,7 @@ void NpuStream::wait_for_launch_slot() {
     return;
   }
   wait_completed(enqueued - limit + 1, -1.0);  // then limit - 1 are pending at most
-  stopped_at_exit();  // exit began during the wait: Note [Launches at exit]
+  stop_thread_if_exiting();  // exit began during the wait: Note [Launches at exit]
 }
 
 // Note [Launches at exit]
@@ -355,17 +354,16 @@ std::atomic<bool> g_exiting{false};
 std::thread::id g_exit_thread;  // written before g_exiting is set
 std::atomic<bool> g_stop_reported{false};
 std::atomic<ThreadStopHook> g_thread_stop_hook{nullptr};
+}  // namespace
 
-// Stops a Python thread that launches or returns from a host wait once exit
-// has begun (Note [Launches at exit]): false when the thread goes on.
-bool stopped_at_exit() {
+void stop_thread_if_exiting() {
   if (!g_exiting.load(std::memory_order_acquire) || std::this_thread::get_id() == g_exit_thread ||
       on_stream_worker()) {
-    return false;
+    return;
   }
   const ThreadStopHook hook = g_thread_stop_hook.load(std::memory_order_acquire);
   if (hook == nullptr || !hook()) {
-    return false;  // the core's own threads (a comm stream) finish their work
+    return;  // the core's own threads (a comm stream) finish their work
   }
   if (!g_stop_reported.exchange(true, std::memory_order_acq_rel)) {
     std::fputs("npusim: the process is exiting: a thread still using the npu (a daemon thread?) was "
@@ -375,11 +373,6 @@ bool stopped_at_exit() {
   for (;;) {
     std::this_thread::sleep_for(std::chrono::hours(1));
   }
-}
-}  // namespace
-
-void stop_thread_if_exiting() {
-  stopped_at_exit();
 }
 
 void set_thread_stop_hook(ThreadStopHook hook) {
@@ -399,23 +392,20 @@ bool drain_streams(double timeout_s) {
   const bool bounded = timeout_s >= 0;
   const auto deadline = Clock::now() + std::chrono::duration_cast<Clock::duration>(
       std::chrono::duration<double>(bounded ? timeout_s : 0.0));
-  auto& streams = all_streams();
+  std::vector<NpuStream*> streams;
   for (int d = 0; d < device_count(); ++d) {
-    for (auto& s : streams[d]) {
-      const double left = bounded ? std::chrono::duration<double>(deadline - Clock::now()).count() : -1.0;
-      if (!s->wait_completed(s->enqueued(), bounded ? std::max(left, 0.0) : -1.0)) {
-        return false;
-      }
+    for (auto& s : all_streams()[d]) {
+      streams.push_back(s.get());
     }
   }
-  std::vector<NpuStream*> lanes;
   {
-    std::lock_guard<std::mutex> lock(g_unlisted_streams_mutex);
-    lanes = g_unlisted_streams;
+    std::lock_guard<std::mutex> lock(g_unlisted_streams_mutex);  // the replay lane streams
+    streams.insert(streams.end(), g_unlisted_streams.begin(), g_unlisted_streams.end());
   }
-  for (NpuStream* s : lanes) {
-    const double left = bounded ? std::chrono::duration<double>(deadline - Clock::now()).count() : -1.0;
-    if (!s->wait_completed(s->enqueued(), bounded ? std::max(left, 0.0) : -1.0)) {
+  for (NpuStream* s : streams) {
+    const double left = bounded ? std::max(std::chrono::duration<double>(deadline - Clock::now()).count(), 0.0)
+                                : -1.0;
+    if (!s->wait_completed(s->enqueued(), left)) {
       return false;
     }
   }
@@ -430,9 +420,7 @@ void NpuStream::enqueue(std::function<void()> fn, double duration_us, const char
     graph->add_task(*this, std::move(fn), duration_us, op);
     return;
   }
-  if (stopped_at_exit()) {
-    return;  // never reached: Note [Launches at exit]
-  }
+  stop_thread_if_exiting();  // Note [Launches at exit]
   wait_for_launch_slot();
   push_observed(std::move(fn), duration_us, op, kind);
   if (launch_blocking() && !on_stream_worker()) {
@@ -445,9 +433,7 @@ void NpuStream::enqueue_joined(std::function<void()> fn, const char* op) {
   if (device_failed(device_)) {
     raise_device_failure(device_, op);  // Note [Sticky device errors]
   }
-  if (stopped_at_exit()) {
-    return;  // never reached: Note [Launches at exit]
-  }
+  stop_thread_if_exiting();  // Note [Launches at exit]
   push_observed(std::move(fn), 0.0, op, TaskKind::kWork);
 }
 
@@ -583,7 +569,7 @@ bool NpuStream::wait_completed(uint64_t target, double timeout_s) {
       return false;
     }
   }
-  stopped_at_exit();  // exit began during the wait: Note [Launches at exit]
+  stop_thread_if_exiting();  // exit began during the wait: Note [Launches at exit]
   return true;
 }
 

@@ -280,12 +280,20 @@ def _autograd_backward(ctx: Any, dout: Tensor | None, *unused: Any) -> tuple[Ten
         query, key, value, torch.zeros_like(out) if dout is None else dout, options.pop("head_num"),
         options.pop("input_layout"), pse=pse, atten_mask=atten_mask, softmax_max=softmax_max,
         softmax_sum=softmax_sum, attention_in=out, sink=sink, **options)
-    has_pse, has_sink = ctx.has
-    grads: list[Tensor | None] = [None] * 24  # one per argument of the schema
-    grads[0:3] = dq, dk, dv
-    grads[5] = dpse if has_pse else None
-    grads[20] = dsink if has_sink else None
-    return tuple(grads)
+    return _gradients_by_argument(24, (dq, dk, dv, dpse, dsink), ctx.has)
+
+
+def _gradients_by_argument(arguments: int, grads: tuple[Tensor, ...],
+                           has: tuple[bool, bool]) -> tuple[Tensor | None, ...]:
+    """One gradient per argument of a forward schema of ``arguments`` arguments: dq, dk, dv for query, key and
+    value (0-2), dpse for pse (5) and dsink for sink (20) where the call gave them, None elsewhere."""
+    dq, dk, dv, dpse, dsink = grads
+    has_pse, has_sink = has
+    out: list[Tensor | None] = [None] * arguments
+    out[0:3] = dq, dk, dv
+    out[5] = dpse if has_pse else None
+    out[20] = dsink if has_sink else None
+    return tuple(out)
 
 
 def _block_shapes(call: Call) -> Iterator[tuple[tuple[int, ...], tuple[int, ...], tuple[int, ...]]]:

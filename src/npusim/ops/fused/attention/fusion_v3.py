@@ -200,12 +200,7 @@ def _autograd_backward(ctx: Any, dout: Tensor | None, *unused: Any) -> tuple[Ten
         options.pop("input_layout"), pse=pse, atten_mask=atten_mask, softmax_max=softmax_max,
         softmax_sum=softmax_sum, attention_in=out, seed=seed, offset=offset, actual_seq_qlen=qlen,
         actual_seq_kvlen=kvlen, sink=sink, **options)
-    has_pse, has_sink = ctx.has
-    grads: list[Tensor | None] = [None] * 21  # one per argument of the schema
-    grads[0:3] = dq, dk, dv
-    grads[5] = dpse if has_pse else None
-    grads[20] = dsink if has_sink else None
-    return tuple(grads)
+    return fusion._gradients_by_argument(21, (dq, dk, dv, dpse, dsink), ctx.has)
 
 
 for _qualname, _kernel, _fake in ((FORWARD, _forward, _forward_fake), (BACKWARD, _backward, _backward_fake)):
