@@ -58,6 +58,18 @@ class Profile:
     vector_tflops: float = 22.1  # 16-bit elementwise on the vector units
     vector_fp32_tflops: float = 11.1
     hbm_gbps: float = 1843.2  # device memory bandwidth, GB/s
+    # The server around the chip: its links, which price a collective (runtime/collective_cost.py),
+    # and its host, which prices a launch (Note [Chip figures]). GB/s are 1e9 bytes a second, one
+    # direction.
+    ranks_per_node: int = 8  # NPUs in one server (an Atlas 800T A2)
+    intra_node_mesh: bool = True  # the server's NPUs are a full mesh (HCCS), so HCCL runs Mesh in it
+    intra_link_gbps: float = 28.0  # one HCCS link between two NPUs
+    intra_node_gbps: float = 196.0  # all of one NPU's links to the others in its server
+    intra_latency_us: float = 0.5  # one step over an intra-node link
+    inter_node_gbps: float = 25.0  # one NPU's RoCE port to other servers (200 Gbit/s)
+    inter_latency_us: float = 1.5  # one step over the RoCE network
+    host_launch_us: float = 22.5  # host CPU time of one eager operator launch through torch_npu
+    host_cpu_factor: float = 1.5  # the target host's CPU time over a typical x86 dev machine's
 
     @property
     def fast_dtypes(self) -> frozenset[torch.dtype]:
@@ -99,6 +111,48 @@ class Profile:
 # vector units are the 8 AI Cores' own and the 7 vector cores': 15 x 256 FLOP x 1.068 GHz = 4.1
 # TFLOPS (2.05 float32). Elementwise ops are bound by memory on both chips long before they are
 # by the vector units, so the vector figures rarely decide a duration.
+#
+# The links and the host (the fields from ranks_per_node on) price collectives (Note [Collective
+# cost model] in runtime/collective_cost.py) and launches. An Atlas 800T A2 holds 8 NPUs whose HCCS
+# links form a full mesh: `npu-smi info -t topo` on such a server shows HCCS between every pair
+# (meemx.com, an HCCL contest write-up on a single 8 x 910B server), and HCCL's own algorithm guide
+# (hiascend.com hcclug "Mesh", also cann/hccl docs/zh/user_guide/coll_algo_intro/Mesh.md) says
+# HCCL runs its Mesh algorithm inside such a server, every NPU using all its links at once.
+# - HCCS: 56 GB/s per link, 392 GB/s per NPU, both directions together (meemx.com, from "民间资料",
+#   i.e. unofficial); Huawei's own modelling tool gives the A2's full mesh 196 GB/s one way and 0.5
+#   us latency (Ascend/msmodeling, tensor_cast/device.py, ATLAS_800.A2_INTERCONNECT, marked "TODO
+#   double-confirm latency"). Both agree: 7 links x 28 GB/s one way = 196 GB/s, so a link is 28
+#   GB/s, an NPU 196 GB/s, a step 0.5 us.
+# - RoCE: one 200 Gbit/s port per NPU, 25 GB/s one way; msmodeling takes the same 25 GB/s and 1.5 us
+#   a step for the A2's inter-server CLOS network.
+# msmodeling also scales every link by a communication efficiency of 0.7 "to calibrate"; the
+# profile keeps the peaks, as it does for compute (a roofline), and leaves calibration to whoever
+# has a measurement.
+# - host_launch_us: no page in reach publishes torch_npu's host time of one eager operator (the
+#   Ascend guides on "Host Bound" runs and TASK_QUEUE_ENABLE describe the pipeline, with no
+#   figure), so it is derived. PyTorch's eager path costs about 5-25 us of CPU per op before a kernel
+#   runs on a CUDA host (jiahuanglin.xyz, "From PyTorch op to kernel launch": Python, binding,
+#   autograd, dispatcher, backend, driver); torch_npu's path is the same up to its op adapter, then
+#   queues the aclnn call (aclnnXxxGetWorkspaceSize, then aclnnXxx) to a second host thread
+#   (TASK_QUEUE_ENABLE=1, the default), which hides part of it. The profile takes 15 us on an x86
+#   host, the middle of that range, times the host's host_cpu_factor: 22.5 us on the A2's Kunpeng.
+# - host_cpu_factor: an Atlas 800T A2's host CPUs are Kunpeng 920s (TaiShan V110 cores, a fixed 2.6
+#   GHz: thefpsreview.com and elchapuzasinformatico.com on the desktop part). Its single-core speed
+#   is not published; the next core, TaiShan V120 at 2.9 GHz, scores 1527 in Geekbench 6 single
+#   core, level with a Zen 3 EPYC 7413 (1538; techpowerup.com, techradar.com), and current x86 dev
+#   machines score about 1500-3000. A V110 at 2.6 GHz is below the V120, so Python-bound work runs
+#   about 1.1-2.2 times as long as on a dev machine; the profile takes 1.5 (an assumption from
+#   those figures, not a measurement). 1.0 means the target host is as fast as the one measured.
+# The inference profile's 310P3 (Atlas 300I Pro) has no HCCS and no RoCE port of its own: the card
+# is a PCIe endpoint of an x86 or ARM host (support.huawei.com, "Product Forms in Inference
+# Scenario"), and the Atlas 300I Duo, two 310P chips, sits on PCIe 4.0 x16 (avalanchenoticias.com.br
+# above), which the profile takes for the 300I Pro too. So its intra-node collectives are priced as
+# HCCL's Ring over PCIe (intra_node_mesh off): 16 GT/s x 16 lanes x 128/130 / 8 = 31.5 GB/s a
+# card, one way, and 1.5 us a step (msmodeling's "PCIE/UPI interconnect RTT: 1.5us"; a ring step
+# waits on its peer, a round trip). 8 cards a server is assumed, as in the A2. No source gives an
+# inter-server path for these cards; a multi-server group is priced as one 25GE host port a card,
+# 3.125 GB/s and 5 us a step (an assumption). Its host is taken to be x86: host_cpu_factor 1.0 and
+# host_launch_us 15 us.
 
 FLAGS = ("nd_out", "batch", "memcpy_batch", "memcpy_batch_async", "cann_ge_810rc1",
          "foreach_copy_kernel")
@@ -110,7 +164,10 @@ PRESETS: dict[str, Profile] = {
         # An Atlas 300I Pro card: no ND foreach kernel, no batched memcpy.
         Profile("inference_soc", nd_out=False, batch=False, soc_name="Ascend310P3", total_memory=24 * GIB,
                 cube_core_num=8, vector_core_num=7, l2_cache_size=96 * MIB, clock_mhz=1068.0, cube_tflops=70.0,
-                cube_fp32_tflops=35.0, vector_tflops=4.1, vector_fp32_tflops=2.05, hbm_gbps=204.0),
+                cube_fp32_tflops=35.0, vector_tflops=4.1, vector_fp32_tflops=2.05, hbm_gbps=204.0,
+                # PCIe 4.0 x16 cards in an x86 host, no HCCS mesh and no RoCE port of their own.
+                intra_node_mesh=False, intra_link_gbps=31.5, intra_node_gbps=31.5, intra_latency_us=1.5,
+                inter_node_gbps=3.125, inter_latency_us=5.0, host_launch_us=15.0, host_cpu_factor=1.0),
         Profile("old_cann", cann_ge_810rc1=False, cann_version="8.0.RC3"),
         Profile("no_memcpy_batch", memcpy_batch=False, memcpy_batch_async=False),
         Profile("no_foreach_kernel", foreach_copy_kernel=False),
@@ -124,9 +181,17 @@ def parse_overrides(text: str) -> dict[str, object]:
     return config.parse_settings(text, "NPUSIM_PROFILE_OVERRIDES", _override_readers())
 
 
+# The server's figures NPUSIM_PROFILE_OVERRIDES may set, besides the flags (Note [Chip figures]).
+LINK_FIGURES = ("intra_link_gbps", "intra_node_gbps", "intra_latency_us", "inter_node_gbps",
+                "inter_latency_us", "host_launch_us", "host_cpu_factor")
+
+
 def _override_readers() -> dict[str, object]:
     readers = {flag: config.parse_bool for flag in FLAGS}
     readers["sync_timeout_s"] = config.parse_float
+    readers.update({figure: lambda text, name: config.parse_float(text, name, low=0.0) for figure in LINK_FIGURES})
+    readers["ranks_per_node"] = lambda text, name: config.parse_int(text, name, low=1)
+    readers["intra_node_mesh"] = config.parse_bool
     return readers
 
 
