@@ -30,7 +30,8 @@ def _hold_stream(ms: float = 150.0) -> None:
     dst = torch.empty_like(src)
     torch.npu.synchronize()
     previous = npusim.timing.get()
-    npusim.timing.set(copy_gbps=4 * MIB / (ms * 1e3) / 1e3)  # the copy's duration is fixed at its launch
+    # The copy's duration is fixed at its launch, and held in real time (Note [Chip clock]: realtime).
+    npusim.timing.set(copy_gbps=4 * MIB / (ms * 1e3) / 1e3, realtime=True)
     dst.copy_(src)
     npusim.timing.set(*previous)
     assert not torch.npu.current_stream().query()

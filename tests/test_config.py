@@ -33,7 +33,7 @@ def test_one_key_value_parser_for_every_list_setting():
     """NPUSIM_TIMING and NPUSIM_PROFILE_OVERRIDES share one k=v parser with the same errors."""
     assert npusim.timing.parse("copy_gbps=2, launch_us=15") == npusim.timing.TimingModel(2.0, 15.0, 0.0)
     with pytest.raises(config.ConfigError, match="NPUSIM_TIMING: expected comma-separated key=value with keys "
-                                                 "compute, copy_gbps, launch_us, link_gbps, got 'copy=2'"):
+                                                 "compute, copy_gbps, host, launch_us, link_gbps, realtime, got 'copy=2'"):
         npusim.timing.parse("copy=2")
     with pytest.raises(config.ConfigError, match="NPUSIM_TIMING copy_gbps: expected a number >= 0.0, got '-1'"):
         npusim.timing.parse("copy_gbps=-1")
@@ -93,7 +93,7 @@ def test_launch_blocking_is_set_in_process(set_launch_blocking):
     src = torch.randn(1 << 18, device="npu")
     dst = torch.empty_like(src)
     torch.npu.synchronize()
-    with npusim.timing.model(copy_gbps=0.05):  # about 20 ms for 1 MiB
+    with npusim.timing.model(copy_gbps=0.05, realtime=True):  # about 20 ms for 1 MiB, in real time
         set_launch_blocking(True)
         begin = time.perf_counter()
         dst.copy_(src)

@@ -140,7 +140,8 @@ def test_legacy_mode_blocking_waits_for_the_copy():
     """Legacy mode with non_blocking=False passes False down and the host waits for the copy."""
     dst, src, copy_s = _slow_copy_setup()
     want = expected(dst, src)
-    with foreach_copy_mode("legacy"), npusim.ops.trace_foreach_copy() as calls, npusim.timing.model(copy_gbps=0.1):
+    with (foreach_copy_mode("legacy"), npusim.ops.trace_foreach_copy() as calls,
+          npusim.timing.model(copy_gbps=0.1, realtime=True)):
         start = time.perf_counter()
         torch._foreach_copy_(dst, src)
         elapsed = time.perf_counter() - start

@@ -39,8 +39,8 @@ def test_profile_and_timing_from_environment():
     code = "import npusim; p = npusim.get_profile(); print(p.name, p.batch, p.cann_ge_810rc1, npusim.timing.get())"
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120, env=env)
     assert out.returncode == 0, out.stderr
-    assert out.stdout.strip() == ("old_cann False False "
-                                  "TimingModel(copy_gbps=2.0, launch_us=15.0, link_gbps=0.0, compute=False)")
+    assert out.stdout.strip() == ("old_cann False False TimingModel(copy_gbps=2.0, launch_us=15.0, link_gbps=0.0, "
+                                  "compute=False, realtime=False, host='launch')")
 
 
 def test_timing_model_switch():

@@ -17,8 +17,9 @@ MIB = 1 << 20
 
 
 def slow_copies():
-    # 0.05 GB/s: a 4 MiB copy takes about 84 ms of stream time.
-    return npusim.timing.model(copy_gbps=0.05)
+    # 0.05 GB/s: a 4 MiB copy takes about 84 ms of stream time, held in real time too, so that
+    # the host's view of pending work can be checked (Note [Chip clock]: realtime).
+    return npusim.timing.model(copy_gbps=0.05, realtime=True)
 
 
 @pytest.mark.asynchronous
@@ -76,6 +77,7 @@ def test_wait_stream_orders_compute_after_side_stream():
     b = torch.zeros(MIB, device="npu")
     side = torch.npu.Stream(priority=-1)
     assert side.priority == -1
+    side.wait_stream(torch.npu.current_stream())  # a and b are filled on the current stream
     with slow_copies():
         with torch.npu.stream(side):
             b.copy_(a)

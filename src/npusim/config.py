@@ -44,7 +44,9 @@ VARIABLES: dict[str, Variable] = {v.name: v for v in (
     Variable("NPUSIM_MEMORY_CAPACITY", "", "per-device capacity such as 512MiB (default: the profile's HBM size)"),
     Variable("NPUSIM_PROFILE", "training_soc", "capability preset"),
     Variable("NPUSIM_PROFILE_OVERRIDES", "", "per-flag profile overrides, e.g. nd_out=0,batch=1"),
-    Variable("NPUSIM_TIMING", "", "timing model, e.g. copy_gbps=2,launch_us=20,link_gbps=1,compute=1 (default off)"),
+    Variable("NPUSIM_TIMING", "", "timing model (chip clock), e.g. launch_us=10,compute=1,host=measured (default off)"),
+    Variable("NPUSIM_RANKS_PER_NODE", "",
+             "ranks per node for pricing collectives (default: LOCAL_WORLD_SIZE, else the profile's)"),
     Variable("NPUSIM_FOREACH_COPY_MODE", "aligned", "aligned or legacy (the _foreach_copy_ kernel before the change)"),
     Variable("NPUSIM_LAUNCH_BLOCKING", "0", "1: every device task completes before its launch returns"),
     Variable("NPUSIM_MAX_PENDING_LAUNCHES", "1024",
@@ -435,21 +437,41 @@ def profile_overrides(readers: Mapping[str, Callable[[str, str], T]]) -> dict[st
     return parse_settings(env("NPUSIM_PROFILE_OVERRIDES"), "NPUSIM_PROFILE_OVERRIDES", readers)
 
 
-def timing(fields: tuple[str, ...], flags: tuple[str, ...] = ()) -> dict[str, float | bool] | None:
-    """``NPUSIM_TIMING`` as {field: value >= 0, flag: bool} over the timing model's ``fields`` and
-    ``flags``; None when unset."""
+def timing(fields: tuple[str, ...], flags: tuple[str, ...] = (),
+           choices: Mapping[str, tuple[str, ...]] | None = None) -> dict[str, float | bool | str] | None:
+    """``NPUSIM_TIMING`` as {field: value >= 0, flag: bool, choice: one of its names} over the
+    timing model's ``fields``, ``flags`` and ``choices``; None when unset."""
     text = env("NPUSIM_TIMING")
     if not text:
         return None
-    return parse_timing(text, fields, flags)
+    return parse_timing(text, fields, flags, choices)
 
 
-def parse_timing(text: str, fields: tuple[str, ...], flags: tuple[str, ...] = ()) -> dict[str, float | bool]:
-    """Parses ``"copy_gbps=2,launch_us=20,compute=1"``: numbers for ``fields``, booleans for ``flags``."""
-    readers: dict[str, Callable[[str, str], float | bool]] = {
+def parse_timing(text: str, fields: tuple[str, ...], flags: tuple[str, ...] = (),
+                 choices: Mapping[str, tuple[str, ...]] | None = None) -> dict[str, float | bool | str]:
+    """Parses ``"copy_gbps=2,launch_us=20,compute=1,host=measured"``: numbers for ``fields``,
+    booleans for ``flags``, one of its names for each of ``choices``."""
+    readers: dict[str, Callable[[str, str], float | bool | str]] = {
         key: lambda value, name: parse_float(value, name, low=0.0) for key in fields}
     readers.update({key: parse_bool for key in flags})
+    for key, names in (choices or {}).items():
+        readers[key] = lambda value, name, names=names: parse_choice(value.strip(), name, names)
     return parse_settings(text, "NPUSIM_TIMING", readers)
+
+
+def ranks_per_node() -> int | None:
+    """``NPUSIM_RANKS_PER_NODE``, else the launcher's ``LOCAL_WORLD_SIZE``; None when neither is set."""
+    for name in ("NPUSIM_RANKS_PER_NODE", "LOCAL_WORLD_SIZE"):
+        text = env(name) if name in VARIABLES else os.environ.get(name, "").strip()
+        if text:
+            try:
+                count = int(text.strip())
+            except ValueError:
+                raise fail(name, "a whole number of ranks >= 1", text) from None
+            if count < 1:
+                raise fail(name, "a whole number of ranks >= 1", text)
+            return count
+    return None
 
 
 FOREACH_COPY_MODES = ("aligned", "legacy")

@@ -142,7 +142,8 @@ def create_backend(dist_options: Any, pg_options: C10dBackend.Options | None) ->
     # A prefix of its own keeps the inner gloo group's rendezvous keys apart
     # from those of a "cpu:gloo" backend created on the same store.
     gloo = dist.ProcessGroupGloo(dist.PrefixStore("npusim_gloo/", store), rank, size, timeout)
-    return load().create_backend(gloo, rank, size, int(timeout.total_seconds() * 1000), BACKEND_NAME)
+    global_ranks = list(dist_options.global_ranks_in_group) or list(range(size))
+    return load().create_backend(gloo, rank, size, int(timeout.total_seconds() * 1000), BACKEND_NAME, global_ranks)
 
 
 def register() -> None:

@@ -147,6 +147,17 @@ reset_accumulated_host_memory_stats: Callable[[], None] = C.reset_accumulated_ho
 # (copy_gbps, launch_us, link_gbps), the fields of npusim.timing.TimingModel; all zero is off.
 set_timing_model: Callable[[float, float, float], None] = C.set_timing_model
 timing_model: Callable[[], tuple[float, float, float]] = C.timing_model
+# The chip clock (Note [Chip clock] in csrc/runtime/chip_clock.cpp): (on, realtime, host_launch_us,
+# host_cpu_factor); the host's and a stream's chip time; the collective-cost hook fn(op, bytes,
+# global ranks) -> us (None: the link bandwidth alone); the profiler axis' anchor (profiler ns,
+# chip us) and the host clock's samples since it was anchored.
+set_chip_clock: Callable[[bool, bool, float, float], None] = C.set_chip_clock
+chip_clock: Callable[[], tuple[bool, bool, float, float]] = C.chip_clock
+host_clock_us: Callable[[], float] = C.host_clock_us
+stream_clock_us: Callable[[int, int], float] = C.stream_clock_us
+set_collective_cost: Callable[[Callable[[str, int, list[int]], float] | None], None] = C.set_collective_cost
+profiler_axis_anchor: Callable[[], tuple[int, float]] = C.profiler_axis_anchor
+host_clock_samples: Callable[[], list[tuple[int, float]]] = C.host_clock_samples
 
 # The compute-cost hook (csrc/aten/op_launch.h): fn(name, overload, meta_inputs, meta_outputs) -> the
 # task's duration in microseconds, called at the launch of every compute task on the launching thread

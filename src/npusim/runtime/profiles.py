@@ -218,6 +218,10 @@ def _activate(profile: Profile) -> Profile:
     acl.set_foreach_copy_config(profile.foreach_copy_kernel, profile.nd_out, profile.batch, profile.memcpy_batch,
                                 profile.memcpy_batch_async, sorted(profile.fast_dtypes, key=str),
                                 profile.sync_timeout_s)
+    # The chip clock's host figures are the profile's (Note [Chip clock]); the timing model's
+    # own settings (on, realtime, the host mode) stay.
+    on, realtime, _, cpu_factor = acl.chip_clock()
+    acl.set_chip_clock(on, realtime, profile.host_launch_us, profile.host_cpu_factor if cpu_factor > 0 else 0.0)
     _current = profile
     return profile
 

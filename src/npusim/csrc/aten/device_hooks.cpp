@@ -95,12 +95,12 @@ struct NpuGuardImpl final : public c10::impl::DeviceGuardImplInterface {
     return event == nullptr || event_query(*as_event(event));
   }
   bool queryStream(const c10::Stream& stream) const override {
-    const NpuStream& s = stream_for(stream);
+    NpuStream& s = stream_for(stream);
     refuse_unsafe_call_during_capture("Stream.query", &s);  // Note [Capture-time refusals]
     if (s.failed()) {
       raise_device_failure(s.device(), "Stream.query");  // Note [Sticky device errors]
     }
-    return s.query();
+    return s.query_chip_time();
   }
   void synchronizeStream(const c10::Stream& stream) const override {
     NpuStream& s = stream_for(stream);

@@ -166,14 +166,18 @@ struct ProcessGroupNpu::Launch {
   std::function<void()> run;
   std::function<c10::intrusive_ptr<c10d::Work>()> post;
   bool host_blocking = false;
+  int peer = -1;  // point-to-point: the other rank (group rank), which the chip clock prices the link to
 };
 
 ProcessGroupNpu::ProcessGroupNpu(c10::intrusive_ptr<c10d::Backend> gloo, int rank, int size,
-    std::chrono::milliseconds timeout, std::string name)
+    std::chrono::milliseconds timeout, std::string name, std::vector<int> global_ranks)
     : c10d::Backend(rank, size),
       gloo_(std::move(gloo)),
       options_(c10::make_intrusive<NpuOptions>(name, timeout)),
-      name_(std::move(name)) {
+      name_(std::move(name)),
+      global_ranks_(std::move(global_ranks)) {
+  TORCH_CHECK(static_cast<int>(global_ranks_.size()) == size, name_, ": expected ", size,
+      " global ranks for a group of ", size, ", got ", global_ranks_.size());
   init();
 }
 
@@ -189,11 +193,32 @@ c10::intrusive_ptr<c10d::Work> ProcessGroupNpu::launch(Launch&& l) {
   CommJob job;
   // The collective may only start once the work issued before it on the
   // current stream has run: that work may still be producing its inputs.
+  // Under the chip clock that is also the chip time its inputs are ready.
   NpuStream* stream = api.current_stream(l.device);
-  if (!api.stream_query(stream)) {
+  const bool on_chip_clock = api.chip_clock_on();
+  if (!api.stream_query(stream) || on_chip_clock) {
     auto ready = std::make_shared<Completion>();
-    api.enqueue(stream, [ready] { ready->set(); }, 0.0);
+    api.enqueue(stream, [ready, now = api.task_or_host_now] { ready->set({}, now()); }, "collective_inputs",
+        /*wait=*/false);
     job.inputs_ready = std::move(ready);
+  }
+  if (on_chip_clock) {
+    // Note [Chip clock]: a launch; the duration is the algorithm's over the group's links.
+    job.issue_us = api.host_launch();
+    TORCH_CHECK(l.peer < size_, what, ": peer rank ", l.peer, " is not in the group of ", size_);
+    job.duration_us = api.collective_us(l.op, l.bytes,
+        l.peer >= 0 ? std::vector<int>{global_ranks_[rank_], global_ranks_[l.peer]} : global_ranks_);
+    if (!l.post && size_ > 1) {
+      job.agree_start = [gloo = gloo_](double ready_us) {
+        std::vector<at::Tensor> latest{at::full({1}, ready_us, at::kDouble)};
+        c10d::AllreduceOptions max;
+        max.reduceOp = c10d::ReduceOp::MAX;
+        gloo->allreduce(latest, max)->wait();
+        return latest[0].item<double>();
+      };
+    }
+  } else {
+    job.duration_us = l.bytes > 0 ? api.link_task_us(l.bytes) : 0.0;
   }
   // Note [Collectives write as a device does]
   // gloo runs the collective on the comm stream's thread over CPU aliases of
@@ -220,7 +245,6 @@ c10::intrusive_ptr<c10d::Work> ProcessGroupNpu::launch(Launch&& l) {
   }
   job.complete = work->completer();
   job.release = work->releaser();
-  job.duration_us = l.bytes > 0 ? api.link_task_us(l.bytes) : 0.0;
   job.what = what;
   if (profiler_active()) {
     job.profile = api.profile_collective(c10::str("hccl ", what), l.device, job.duration_us);
@@ -238,7 +262,9 @@ c10::intrusive_ptr<c10d::Backend> ProcessGroupNpu::split(const c10::intrusive_pt
   }
   const auto timeout = opts ? opts->timeout : options_->timeout;
   gloo->setTimeout(timeout);
-  auto child = c10::make_intrusive<ProcessGroupNpu>(gloo, gloo->getRank(), gloo->getSize(), timeout, name_);
+  std::vector<int> child_ranks(ranks.begin(), ranks.end());  // split_group's ranks are global ones
+  auto child = c10::make_intrusive<ProcessGroupNpu>(gloo, gloo->getRank(), gloo->getSize(), timeout, name_,
+      std::move(child_ranks));
   child->setBoundDeviceId(getBoundDeviceId());
   return child;
 }
@@ -495,6 +521,7 @@ c10::intrusive_ptr<c10d::Work> ProcessGroupNpu::send(TensorList& tensors, int ds
   const auto device = check_tensors(name_ + " send", tensors);
   Launch l{c10d::OpType::SEND, "send", device, {}, tensors, nbytes(tensors)};
   l.post = [gloo = gloo_, a = cpu_views(tensors), dst_rank, tag]() mutable { return gloo->send(a, dst_rank, tag); };
+  l.peer = dst_rank;
   return launch(std::move(l));
 }
 
@@ -502,6 +529,7 @@ c10::intrusive_ptr<c10d::Work> ProcessGroupNpu::recv(TensorList& tensors, int sr
   const auto device = check_tensors(name_ + " recv", tensors);
   Launch l{c10d::OpType::RECV, "recv", device, tensors, tensors, nbytes(tensors)};
   l.post = [gloo = gloo_, a = cpu_views(tensors), src_rank, tag]() mutable { return gloo->recv(a, src_rank, tag); };
+  l.peer = src_rank;
   return launch(std::move(l));
 }
 

@@ -22,8 +22,10 @@ struct NpuOptions : c10d::Backend::Options {
 class ProcessGroupNpu final : public c10d::Backend {
  public:
   // `gloo` is a ProcessGroupGloo of the same ranks on its own store prefix.
+  // global_ranks: the group's ranks in the default group, in group-rank order
+  // (the chip clock prices collectives by where they are: Note [Chip clock]).
   ProcessGroupNpu(c10::intrusive_ptr<c10d::Backend> gloo, int rank, int size,
-      std::chrono::milliseconds timeout, std::string name);
+      std::chrono::milliseconds timeout, std::string name, std::vector<int> global_ranks);
 
   const std::string getBackendName() const override {
     return name_;
@@ -94,6 +96,7 @@ class ProcessGroupNpu final : public c10d::Backend {
   const c10::intrusive_ptr<c10d::Backend> gloo_;
   const c10::intrusive_ptr<NpuOptions> options_;
   const std::string name_;
+  const std::vector<int> global_ranks_;
   CommStream comm_;
 };
 

@@ -44,13 +44,19 @@
 
 namespace npusim::dist {
 
-void Completion::set(std::string error) {
+void Completion::set(std::string error, double chip_us) {
   {
     std::lock_guard<std::mutex> lock(mutex_);
     done_ = true;
     error_ = std::move(error);
+    chip_us_ = chip_us;
   }
   cv_.notify_all();
+}
+
+double Completion::chip_us() const {
+  std::lock_guard<std::mutex> lock(mutex_);
+  return chip_us_;
 }
 
 bool Completion::wait(double timeout_s) const {
@@ -99,12 +105,16 @@ struct CommStream::State : std::enable_shared_from_this<CommStream::State> {
   bool releaser_running = false;
   size_t unreleased = 0;  // completed jobs whose captures are not dropped yet
   std::condition_variable released_cv;
+  // The comm stream's chip clock (Note [Chip clock]): the end of its last job.
+  double clock_us = 0.0;
 
   void run();
   std::string run_collective(CommJob& job);
+  // The job's chip start and end; the comm stream's clock moves to the end.
+  std::pair<double, double> place_on_chip_clock(CommJob& job);
   void reap();
   void release();
-  void finish(CommJob&& job, const std::string& error);
+  void finish(CommJob&& job, const std::string& error, double chip_end_us = 0.0);
   void start(bool& running, void (State::*loop)());
 };
 
@@ -119,9 +129,9 @@ void CommStream::State::start(bool& running, void (State::*loop)()) {
   }
 }
 
-void CommStream::State::finish(CommJob&& job, const std::string& error) {
+void CommStream::State::finish(CommJob&& job, const std::string& error, double chip_end_us) {
   const std::string message = error.empty() ? error : job.what + " failed: " + error;
-  job.complete(message);
+  job.complete(message, chip_end_us);
   {
     std::lock_guard<std::mutex> lock(mutex);
     completed.emplace_back(std::move(job), message);
@@ -137,6 +147,16 @@ void CommStream::State::finish(CommJob&& job, const std::string& error) {
   core().maybe_reclaim();
 }
 
+std::pair<double, double> CommStream::State::place_on_chip_clock(CommJob& job) {
+  double ready = std::max(clock_us, job.issue_us);
+  if (job.inputs_ready) {
+    ready = std::max(ready, job.inputs_ready->chip_us());
+  }
+  const double start = job.agree_start ? job.agree_start(ready) : ready;
+  clock_us = start + job.duration_us;
+  return {start, clock_us};
+}
+
 std::string CommStream::State::run_collective(CommJob& job) {
   const auto start_time = std::chrono::steady_clock::now();
   std::string error;
@@ -145,7 +165,7 @@ std::string CommStream::State::run_collective(CommJob& job) {
   } catch (const std::exception& e) {
     error = message_of(e);
   }
-  if (job.duration_us > 0) {
+  if (job.duration_us > 0 && (core().realtime_timing() || !core().chip_clock_on())) {
     std::this_thread::sleep_until(start_time +
         std::chrono::duration_cast<std::chrono::steady_clock::duration>(
             std::chrono::duration<double, std::micro>(job.duration_us)));
@@ -172,7 +192,12 @@ void CommStream::State::run() {
     if (job.inputs_ready) {
       job.inputs_ready->wait(-1.0);
     }
+    const bool on_chip_clock = core().chip_clock_on();
     if (job.post) {
+      // Point-to-point: placed from this rank's own ready time (the peers' are not exchanged).
+      if (on_chip_clock) {
+        job.chip_end_us = place_on_chip_clock(job).second;
+      }
       c10::intrusive_ptr<c10d::Work> work;
       std::string error;
       try {
@@ -196,13 +221,29 @@ void CommStream::State::run() {
       p2p_cv.wait(lock, [&] { return unfinished_p2p == 0; });
     }
     std::string error;
-    if (job.profile) {
-      core().run_profiled(*job.profile, [&] { error = run_collective(job); });
-    } else {
+    std::pair<double, double> chip{0.0, 0.0};
+    if (on_chip_clock) {
+      try {
+        chip = place_on_chip_clock(job);
+      } catch (const std::exception& e) {
+        finish(std::move(job), c10::str("exchanging the chip clock with the group's peers failed: ",
+            message_of(e)));
+        continue;
+      }
+    }
+    auto run_placed = [&] {
       error = run_collective(job);
+      if (on_chip_clock) {
+        core().note_task_span(chip.first, chip.second);  // the profiler's activity: Note [Chip clock]
+      }
+    };
+    if (job.profile) {
+      core().run_profiled(*job.profile, run_placed);
+    } else {
+      run_placed();
     }
     job.profile = nullptr;
-    finish(std::move(job), error);
+    finish(std::move(job), error, chip.second);
   }
 }
 
@@ -227,7 +268,8 @@ void CommStream::State::reap() {
       error = message_of(e);
     }
     item.first.reset();  // gloo's work holds only CPU views: no GIL needed
-    finish(std::move(item.second), error);
+    const double chip_end = item.second.chip_end_us;  // placed when it was posted
+    finish(std::move(item.second), error, chip_end);
     {
       std::lock_guard<std::mutex> lock(mutex);
       --unfinished_p2p;

@@ -20,7 +20,9 @@ namespace npusim::dist {
 // of the Work so that a stream worker never holds the Work's tensors.
 class Completion {
  public:
-  void set(std::string error = {});
+  // chip_us: when it completed on the chip clock (Note [Chip clock]).
+  void set(std::string error = {}, double chip_us = 0.0);
+  double chip_us() const;
   // timeout_s < 0 waits forever; false on timeout.
   bool wait(double timeout_s) const;
   bool done() const;
@@ -32,6 +34,7 @@ class Completion {
   mutable std::condition_variable cv_;
   bool done_ = false;
   std::string error_;
+  double chip_us_ = 0.0;
 };
 
 struct CommJob {
@@ -45,12 +48,19 @@ struct CommJob {
   // Called once on the comm stream's thread with "" or the error message,
   // as soon as the transfer has finished. Must not need the GIL: a host
   // thread holding it may be waiting for exactly this (see Note [Comm stream]).
-  std::function<void(const std::string&)> complete;
+  std::function<void(const std::string&, double chip_us)> complete;
   // Called afterwards, with the same message, on a separate release thread
   // that then drops every capture of the job; may take the GIL.
   std::function<void(const std::string&)> release;
-  // Minimum time the collective occupies the comm stream (timing model).
+  // The collective's chip time (timing model; Note [Chip clock]).
   double duration_us = 0.0;
+  // The host's chip clock when it was issued, and (point-to-point) the chip
+  // time its transfer ends, set when the comm stream places it.
+  double issue_us = 0.0;
+  double chip_end_us = 0.0;
+  // Under the chip clock: the latest of every participant's ready time, from
+  // this rank's (a max all-reduce over the group); null for point-to-point.
+  std::function<double(double ready_us)> agree_start;
   // "all_reduce on npu:0 (rank 0 of 2)", for error messages.
   std::string what;
   // Set when issued under torch.profiler: the collective is a device activity

@@ -53,9 +53,10 @@ PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
       py::call_guard<py::gil_scoped_release>());
   m.def("create_backend",
       [](const c10::intrusive_ptr<c10d::Backend>& gloo, int rank, int size, int64_t timeout_ms,
-          const std::string& name) -> c10::intrusive_ptr<ProcessGroupNpu> {
+          const std::string& name, std::vector<int> global_ranks) -> c10::intrusive_ptr<ProcessGroupNpu> {
         return c10::make_intrusive<npusim::dist::ProcessGroupNpu>(
-            gloo, rank, size, std::chrono::milliseconds(timeout_ms), name);
+            gloo, rank, size, std::chrono::milliseconds(timeout_ms), name, std::move(global_ranks));
       },
-      py::arg("gloo"), py::arg("rank"), py::arg("size"), py::arg("timeout_ms"), py::arg("name"));
+      py::arg("gloo"), py::arg("rank"), py::arg("size"), py::arg("timeout_ms"), py::arg("name"),
+      py::arg("global_ranks"));
 }

@@ -30,7 +30,14 @@ NpuWork::NpuWork(int rank, c10d::OpType op, c10::DeviceIndex device, std::vector
       future_(c10::make_intrusive<c10::ivalue::Future>(c10::ListType::create(c10::TensorType::get()))) {}
 
 bool NpuWork::isCompleted() {
-  return completion_->done();
+  const CoreApi& api = core();
+  if (!api.chip_clock_on() || api.realtime_timing()) {
+    return completion_->done();
+  }
+  // In chip time, never in this machine's (Note [Chip clock]).
+  completion_->wait(-1.0);
+  api.host_query();
+  return completion_->chip_us() <= api.host_clock_us();
 }
 
 bool NpuWork::isSuccess() const {
@@ -61,6 +68,9 @@ bool NpuWork::wait(std::chrono::milliseconds timeout) {
           c10::str(what_, " did not complete within the wait timeout of ", timeout.count(), " ms"));
     }
     throw_if_failed();
+    if (core().chip_clock_on()) {
+      core().host_wait_until(completion_->chip_us());  // Note [Chip clock]
+    }
     return true;
   }
   throw_if_failed();  // a collective that already failed says so now
@@ -73,28 +83,31 @@ void NpuWork::synchronize() {
 }
 
 void NpuWork::blockCurrentStream() {
+  const CoreApi& api = core();
   if (completion_->done()) {
     throw_if_failed();
-    return;
+    if (!api.chip_clock_on()) {
+      return;  // under the chip clock it still ends at a chip time the stream must wait for
+    }
   }
-  const CoreApi& api = core();
   // A failure surfaces at the stream's next synchronize, like an
   // asynchronous device error.
-  api.enqueue(api.current_stream(device_), [completion = completion_] {
+  api.enqueue(api.current_stream(device_), [completion = completion_, wait_until = api.task_wait_until] {
     completion->wait(-1.0);
+    wait_until(completion->chip_us());  // Note [Chip clock]
     const std::string error = completion->error();
     if (!error.empty()) {
       throw std::runtime_error(error);
     }
-  }, 0.0);
+  }, "wait_collective", /*wait=*/true);
 }
 
 c10::intrusive_ptr<c10::ivalue::Future> NpuWork::getFuture() {
   return future_;
 }
 
-std::function<void(const std::string&)> NpuWork::completer() const {
-  return [completion = completion_](const std::string& error) { completion->set(error); };
+std::function<void(const std::string&, double)> NpuWork::completer() const {
+  return [completion = completion_](const std::string& error, double chip_us) { completion->set(error, chip_us); };
 }
 
 std::function<void(const std::string&)> NpuWork::releaser() const {

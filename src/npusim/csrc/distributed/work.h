@@ -37,7 +37,7 @@ class NpuWork final : public c10d::Work {
 
   // The job's CommJob::complete and CommJob::release. Neither captures the
   // Work: a stream task or comm thread holding it would hold its outputs.
-  std::function<void(const std::string&)> completer() const;
+  std::function<void(const std::string&, double chip_us)> completer() const;
   std::function<void(const std::string&)> releaser() const;
 
  private:

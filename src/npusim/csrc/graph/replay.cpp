@@ -3,6 +3,7 @@
 // and waits.
 #include "replay.h"
 
+#include "../runtime/chip_clock.h"
 #include "../runtime/device.h"
 
 #include <c10/util/Exception.h>
@@ -43,19 +44,23 @@ namespace {
 // The record flags of one replay.
 class ReplayRun {
  public:
-  explicit ReplayRun(size_t num_records) : done_(num_records, 0) {}
+  explicit ReplayRun(size_t num_records) : done_(num_records, 0), chip_us_(num_records, 0.0) {}
 
+  // Raised at the lane's chip time (Note [Chip clock]).
   void complete(size_t record) {
     {
       std::lock_guard<std::mutex> lock(mutex_);
       done_[record] = 1;
+      chip_us_[record] = task_or_host_now();
     }
     cv_.notify_all();
   }
-  // False when the replay failed (no work may follow).
+  // False when the replay failed (no work may follow); the lane's chip clock
+  // waits for the record's.
   bool wait(size_t record) {
     std::unique_lock<std::mutex> lock(mutex_);
     cv_.wait(lock, [&] { return done_[record] != 0; });
+    task_wait_until(chip_us_[record]);
     return error_.empty();
   }
   void fail(const std::string& message) {
@@ -77,15 +82,21 @@ class ReplayRun {
   std::mutex mutex_;
   std::condition_variable cv_;
   std::vector<char> done_;
+  std::vector<double> chip_us_;
   std::string error_;
 };
 
 void run_task(const GraphTask& task) {
-  if (task.duration_us > 0) {  // the timing model's duration, as on a stream
+  // The timing model's duration, as on a stream: on the chip clock of the
+  // replay's task (Note [Chip clock]), and in real time when realtime.
+  if (task.duration_us > 0 && (realtime_timing() || !chip_clock_on())) {
     std::this_thread::sleep_for(std::chrono::duration_cast<std::chrono::steady_clock::duration>(
         std::chrono::duration<double, std::micro>(task.duration_us)));
   }
   task.fn();
+  if (TaskClock* clock = current_task_clock()) {
+    clock->advance(task.duration_us);
+  }
 }
 
 void run_lane(const GraphLane& lane, ReplayRun& run) {

@@ -88,6 +88,24 @@ std::terminate_handler g_previous_terminate = nullptr;
   std::abort();
 }
 
+// The timing model's collective cost, npusim.runtime.timing's hook:
+// fn(op, bytes, global ranks) -> microseconds (None: the link bandwidth alone).
+py::object& collective_cost_function() {
+  static auto& fn = *new py::object();  // leaked: comm threads may outlive the interpreter's teardown
+  return fn;
+}
+
+double collective_us(const std::string& op, size_t bytes, const std::vector<int>& ranks) {
+  {
+    const py::gil_scoped_acquire gil;
+    const py::object& fn = collective_cost_function();
+    if (fn && !fn.is_none()) {
+      return fn(op, bytes, ranks).cast<double>();
+    }
+  }
+  return bytes > 0 ? npusim::link_task_us(bytes) : 0.0;
+}
+
 // The table behind core_api(); see core_api.h for why it exists.
 const npusim::CoreApi& core_api_table() {
   static const npusim::CoreApi table{
@@ -95,9 +113,9 @@ const npusim::CoreApi& core_api_table() {
       sizeof(npusim::CoreApi),
       &npusim::current_device,
       [](c10::DeviceIndex device) { return &npusim::current_stream(device); },
-      [](NpuStream* s, std::function<void()> fn, double us) {
+      [](NpuStream* s, std::function<void()> fn, const char* op, bool wait) {
         // A signal (Note [Errors of asynchronous work]): a comm stream waits for it.
-        s->enqueue(std::move(fn), us, "collective", npusim::TaskKind::kSignal);
+        s->enqueue(std::move(fn), 0.0, op, wait ? npusim::TaskKind::kWait : npusim::TaskKind::kSignal);
       },
       [](NpuStream* s) {
         // Only the collective backend uses this table, and it asks before it
@@ -119,6 +137,16 @@ const npusim::CoreApi& core_api_table() {
             modelled_us);
       },
       &npusim::run_profiled,
+      &npusim::chip_clock_on,
+      &npusim::realtime_timing,
+      &npusim::host_launch,
+      &npusim::host_wait_until,
+      &npusim::host_query,
+      &npusim::host_clock_us,
+      &npusim::task_wait_until,
+      &npusim::task_or_host_now,
+      &npusim::note_task_span,
+      &collective_us,
   };
   return table;
 }
@@ -263,6 +291,21 @@ void init_runtime_bindings(py::module& m) {
     t.launch_us = launch_us;
     t.link_gbps = link_gbps;
   });
+  // the chip clock (Note [Chip clock])
+  m.def("set_chip_clock", [](bool on, bool realtime, double host_launch_us, double host_cpu_factor) {
+    npusim::set_chip_clock(npusim::ChipClockSettings{on, realtime, host_launch_us, host_cpu_factor});
+  }, py::arg("on"), py::arg("realtime"), py::arg("host_launch_us"), py::arg("host_cpu_factor"));
+  m.def("chip_clock", [] {
+    const auto s = npusim::chip_clock_settings();
+    return py::make_tuple(s.on, s.realtime, s.host_launch_us, s.host_cpu_factor);
+  });
+  m.def("set_collective_cost", [](py::object fn) { collective_cost_function() = std::move(fn); });
+  m.def("host_clock_us", &npusim::host_clock_us);
+  m.def("stream_clock_us", [](int64_t stream_id, int device) {
+    return npusim::stream_for(static_cast<c10::DeviceIndex>(device), stream_id).clock_us();
+  }, py::arg("stream_id"), py::arg("device"));
+  m.def("host_clock_samples", &npusim::host_clock_samples);
+  m.def("profiler_axis_anchor", &npusim::profiler_axis_anchor);
   m.def("timing_model", [] {
     auto& t = npusim::timing_model();
     return py::make_tuple(t.copy_gbps.load(), t.launch_us.load(), t.link_gbps.load());

@@ -18,6 +18,7 @@
 #include <functional>
 #include <memory>
 #include <string>
+#include <vector>
 
 namespace npusim {
 
@@ -25,7 +26,7 @@ class NpuStream;
 struct FenceCounter;
 struct TaskProfile;
 
-constexpr uint32_t kCoreApiVersion = 4;
+constexpr uint32_t kCoreApiVersion = 5;
 constexpr const char* kCoreApiCapsule = "npusim.core_api";
 
 struct CoreApi {
@@ -36,8 +37,10 @@ struct CoreApi {
   // The calling thread's current stream of `device` (-1: current device).
   NpuStream* (*current_stream)(c10::DeviceIndex device);
   // As NpuStream::enqueue: fn runs on the stream's worker, in FIFO order; an
-  // exception it throws is reported at the stream's next synchronize.
-  void (*enqueue)(NpuStream* stream, std::function<void()> fn, double duration_us);
+  // exception it throws is reported at the stream's next synchronize. `wait`:
+  // the stream waits for a collective (skipped once the device failed);
+  // otherwise a signal to a comm stream (runs whatever happened).
+  void (*enqueue)(NpuStream* stream, std::function<void()> fn, const char* op, bool wait);
   // True when every task enqueued on the stream so far has completed; raises
   // while an npu graph captures the stream (collectives cannot be captured).
   bool (*stream_query)(NpuStream* stream);
@@ -55,6 +58,19 @@ struct CoreApi {
   // its run on the comm stream as a device activity of `device`'s comm row.
   std::shared_ptr<TaskProfile> (*profile_collective)(std::string name, c10::DeviceIndex device, double modelled_us);
   void (*run_profiled)(TaskProfile& profile, const std::function<void()>& fn);
+  // The chip clock (chip_clock.h, Note [Chip clock]).
+  bool (*chip_clock_on)();
+  bool (*realtime_timing)();
+  double (*host_launch)();
+  void (*host_wait_until)(double chip_us);
+  void (*host_query)();
+  double (*host_clock_us)();
+  void (*task_wait_until)(double chip_us);
+  double (*task_or_host_now)();
+  void (*note_task_span)(double start_us, double end_us);
+  // A collective's chip time: `op` (torch.distributed's name) moving `bytes`
+  // among the group's global ranks (the timing model's collective cost).
+  double (*collective_us)(const std::string& op, size_t bytes, const std::vector<int>& ranks);
 };
 
 }  // namespace npusim

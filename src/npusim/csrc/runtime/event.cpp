@@ -50,15 +50,19 @@ std::function<void()> complete_record(std::shared_ptr<EventRecord> record, const
       std::lock_guard<std::mutex> lock(record->mutex);
       record->done = true;
       record->when = std::chrono::steady_clock::now();
+      record->on_chip_clock = chip_clock_on();
+      record->chip_us = task_or_host_now();
       record->error = std::move(error);
     }
     record->cv.notify_all();
   };
 }
 
-void record_now(EventRecord& record) {
+void record_now(EventRecord& record, const NpuStream& stream) {
   record.done = true;  // no other thread has this record yet
   record.when = std::chrono::steady_clock::now();
+  record.on_chip_clock = chip_clock_on();
+  record.chip_us = std::max(stream.clock_us(), host_clock_us());  // an idle stream reaches it at issue
 }
 
 }  // namespace
@@ -72,7 +76,7 @@ void event_record(NpuEvent& event, NpuStream& stream) {
     return;
   }
   if (done_on_the_host_now(stream)) {  // Note [Work on an idle stream]
-    record_now(*record);
+    record_now(*record, stream);
     return;
   }
   stream.enqueue(complete_record(std::move(record), stream), 0.0, "event_record", TaskKind::kSignal);
@@ -81,7 +85,7 @@ void event_record(NpuEvent& event, NpuStream& stream) {
 void event_record_unobserved(NpuEvent& event, NpuStream& stream) {
   auto record = new_record(event, stream);
   if ((stream.query() && !stream.failed()) || stream.capture() != nullptr) {
-    record_now(*record);  // a capture's replay needs no profiler marker
+    record_now(*record, stream);  // a capture's replay needs no profiler marker
     return;
   }
   stream.enqueue_unobserved(complete_record(std::move(record), stream), "event_record");
@@ -116,11 +120,14 @@ void stream_wait_event(NpuStream& stream, const NpuEvent& event) {
   stream.enqueue([record, &stream] {
     std::unique_lock<std::mutex> lock(record->mutex);
     record->cv.wait(lock, [&] { return record->done; });
+    if (record->on_chip_clock) {
+      task_wait_until(record->chip_us);  // Note [Chip clock]
+    }
     if (!record->error.empty()) {
       // See Note [Errors of asynchronous work]: the failure follows the dependency.
       stream.fail("wait_event failed: the event was recorded after a failure (" + record->error + ")");
     }
-  }, 0.0, "wait_event");
+  }, 0.0, "wait_event", TaskKind::kWait);
 }
 
 bool event_query(const NpuEvent& event) {
@@ -134,6 +141,17 @@ bool event_query(const NpuEvent& event) {
   }
   if (!record) {
     return true;
+  }
+  if (chip_clock_on() && !realtime_timing()) {
+    // In chip time, never in this machine's: Note [Chip clock].
+    double chip_us = 0.0;
+    {
+      std::unique_lock<std::mutex> lock(record->mutex);
+      wait_on_host(record->cv, lock, -1.0, [&] { return record->done; });  // Note [Interruptible host waits]
+      chip_us = record->chip_us;
+    }
+    host_query();
+    return chip_us <= host_clock_us();
   }
   std::lock_guard<std::mutex> lock(record->mutex);
   return record->done;
@@ -156,6 +174,9 @@ void event_synchronize(const NpuEvent& event) {
   if (device_failed(event.device)) {
     raise_device_failure(event.device, "Event.synchronize");  // Note [Sticky device errors]
   }
+  if (record->on_chip_clock) {
+    host_wait_until(record->chip_us);  // Note [Chip clock]
+  }
 }
 
 double event_elapsed_ms(const NpuEvent& start, const NpuEvent& end) {
@@ -173,6 +194,9 @@ double event_elapsed_ms(const NpuEvent& start, const NpuEvent& end) {
       static_cast<int>(start.device), " and npu:", static_cast<int>(end.device));
   TORCH_CHECK(event_query(start) && event_query(end),
       "elapsed_time: both events must have completed; synchronize them first");
+  if (start.record->on_chip_clock && end.record->on_chip_clock) {
+    return (end.record->chip_us - start.record->chip_us) / 1e3;  // Note [Chip clock]
+  }
   return std::chrono::duration<double, std::milli>(end.record->when - start.record->when).count();
 }
 

@@ -17,6 +17,9 @@ struct EventRecord {
   std::condition_variable cv;
   bool done = false;
   std::chrono::steady_clock::time_point when;
+  // Under the chip clock: the chip time the stream reached the record (Note [Chip clock]).
+  bool on_chip_clock = false;
+  double chip_us = 0.0;
   // Nonzero: recorded into that capture, as its record node capture_node; such a
   // record never completes on the host (Note [Multi-stream capture]).
   uint64_t capture_id = 0;

@@ -428,22 +428,50 @@ void NpuStream::enqueue(std::function<void()> fn, double duration_us, const char
   }
 }
 
+double NpuStream::issue_time(TaskKind kind) {
+  if (!chip_clock_on()) {
+    return 0.0;
+  }
+  // A task launched by another task (a worker's own launch) is issued at that task's chip time.
+  if (TaskClock* clock = current_task_clock()) {
+    return clock->now();
+  }
+  return kind == TaskKind::kWork ? host_launch() : host_clock_us();  // Note [Chip clock]
+}
+
+bool NpuStream::query_chip_time() {
+  if (!chip_clock_on() || realtime_timing()) {
+    return query();
+  }
+  // In chip time, never in this machine's: Note [Chip clock].
+  wait_completed(enqueued(), -1.0);
+  host_query();
+  return clock_us() <= host_clock_us();
+}
+
 void NpuStream::enqueue_joined(std::function<void()> fn, const char* op) {
   TORCH_INTERNAL_ASSERT(capture() == nullptr, "npusim: a joined task is never captured (", op, ")");
   if (device_failed(device_)) {
     raise_device_failure(device_, op);  // Note [Sticky device errors]
   }
   stop_thread_if_exiting();  // Note [Launches at exit]
-  push_observed(std::move(fn), 0.0, op, TaskKind::kWork);
+  push_observed(std::move(fn), 0.0, op, TaskKind::kWait);
+}
+
+NpuStream::Task NpuStream::make_task(std::function<void()> fn, double duration_us, const char* op, TaskKind kind,
+    std::shared_ptr<TaskProfile> profile) {
+  const bool on_chip_clock = chip_clock_on();
+  return Task{std::move(fn), duration_us, op, kind, std::move(profile), issue_time(kind), on_chip_clock,
+      !on_chip_clock || realtime_timing()};
 }
 
 void NpuStream::push_observed(std::function<void()> fn, double duration_us, const char* op, TaskKind kind) {
-  push(Task{std::move(fn), duration_us, op, kind,
-      profiler_active() ? profile_task(op, device_, id_, activity_kind(op), duration_us) : nullptr});
+  push(make_task(std::move(fn), duration_us, op, kind,
+      profiler_active() ? profile_task(op, device_, id_, activity_kind(op), duration_us) : nullptr));
 }
 
 void NpuStream::enqueue_unobserved(std::function<void()> fn, const char* op) {
-  push(Task{std::move(fn), 0.0, op, TaskKind::kSignal, nullptr});
+  push(make_task(std::move(fn), 0.0, op, TaskKind::kSignal, nullptr));
 }
 
 void NpuStream::push(Task task) {
@@ -468,13 +496,27 @@ void NpuStream::push(Task task) {
 }
 
 void NpuStream::run_task(Task& task) {
-  // Under the timing model the task first occupies the stream for its
-  // modelled duration and then does its work, so that its results become
-  // visible when it completes, as on a device (never early).
-  if (task.duration_us > 0) {
+  // Realtime timing (and the timing model without the chip clock) first
+  // occupies the stream for the task's modelled duration and then does its
+  // work, so that its results become visible when it completes (never early).
+  if (task.duration_us > 0 && task.realtime) {
     std::this_thread::sleep_for(std::chrono::duration_cast<std::chrono::steady_clock::duration>(
         std::chrono::duration<double, std::micro>(task.duration_us)));
   }
+  if (!task.on_chip_clock) {
+    run_fn(task);
+    return;
+  }
+  // Note [Chip clock]: the task starts when the stream, its issue and what it waits for allow.
+  TaskClock clock(std::max(clock_us(), task.issue_us));
+  const double start_us = clock.now();
+  run_fn(task);
+  const double end_us = clock.now() + task.duration_us;
+  note_task_span(start_us, end_us);
+  clock_us_.store(end_us, std::memory_order_release);
+}
+
+void NpuStream::run_fn(Task& task) {
   try {
     task.fn();
   } catch (const c10::Error& e) {
@@ -520,7 +562,7 @@ void NpuStream::run() {
       queue_.pop_front();
       ++popped;
       // See Note [Errors of asynchronous work]: a failed device skips its work.
-      if (task.kind == TaskKind::kWork && device_failed(device_)) {
+      if (task.kind != TaskKind::kSignal && device_failed(device_)) {
         count_skipped(device_);
         task.fn = nullptr;
       }
@@ -582,6 +624,9 @@ void NpuStream::synchronize(double timeout_s) {
   TORCH_CHECK(done, "synchronize_stream: ", name(), " did not finish its ",
       target - completed(), " pending task(s) within ", timeout_s, " s");
   raise_pending_error();
+  if (chip_clock_on()) {
+    host_wait_until(clock_us());  // Note [Chip clock]
+  }
   run_completion_hooks();
 }
 

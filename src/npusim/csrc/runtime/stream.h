@@ -5,6 +5,7 @@
 // floors above install.
 #pragma once
 
+#include "chip_clock.h"
 #include "device.h"
 #include "trace.h"
 
@@ -98,10 +99,11 @@ constexpr int kMaxCompletionHooks = 4;
 void add_completion_hook(CompletionHook hook);
 
 // What a task is for when its device has failed (Note [Errors of asynchronous
-// work]): work (compute, copies) is skipped after a failure; a signal (an
-// event record, a collective's hand-off) still runs, so that nothing waits
-// for it forever, and carries the failure on.
-enum class TaskKind { kWork, kSignal };
+// work]): work (compute, copies) and waits are skipped after a failure; a
+// signal (an event record, a collective's hand-off) still runs, so that
+// nothing waits for it forever, and carries the failure on. Under the chip
+// clock only work is a launch that costs the host time (Note [Chip clock]).
+enum class TaskKind { kWork, kSignal, kWait };
 
 // A device's failure (Note [Sticky device errors]): the first error of
 // asynchronous work on the device, kept until the process ends.
@@ -146,8 +148,9 @@ class NpuStream {
   NpuStream(const NpuStream&) = delete;
   NpuStream& operator=(const NpuStream&) = delete;
 
-  // duration_us > 0 (timing model): the worker holds the stream that long
-  // before running fn, so fn's effects appear when the task completes.
+  // duration_us > 0 (timing model): the task lasts that long on the chip
+  // clock (Note [Chip clock]); with realtime timing the worker also holds the
+  // stream that long before running fn.
   // `op` (a string that lives as long as the process: a literal, or an op's
   // interned name) names the task in the error its failure raises and in
   // profiler traces.
@@ -166,6 +169,10 @@ class NpuStream {
     return completed_.load(std::memory_order_acquire) ==
         enqueued_.load(std::memory_order_acquire);
   }
+  // The user's Stream.query: in chip time under the chip clock (Note [Chip clock]).
+  bool query_chip_time();
+  // The chip time at which the stream's completed work ends (Note [Chip clock]).
+  double clock_us() const { return clock_us_.load(std::memory_order_acquire); }
   // timeout_s < 0 waits forever; on timeout raises an error naming the stream.
   // Raises the stream's failure, if any, once every task has completed.
   void synchronize(double timeout_s = -1.0);
@@ -200,9 +207,20 @@ class NpuStream {
     const char* op;
     TaskKind kind;
     std::shared_ptr<TaskProfile> profile;  // null unless enqueued under torch.profiler
+    double issue_us = 0.0;  // the host's chip clock when it was launched (Note [Chip clock])
+    // The timing model as it was at the launch: placed on the chip clock, and
+    // held for its duration in real time (realtime timing).
+    bool on_chip_clock = false;
+    bool realtime = false;
   };
+  // A task of `fn` launched now.
+  static Task make_task(std::function<void()> fn, double duration_us, const char* op, TaskKind kind,
+      std::shared_ptr<TaskProfile> profile);
   void run();
   void run_task(Task& task);
+  void run_fn(Task& task);
+  // The chip time a task launched now is issued at (0 off the chip clock).
+  static double issue_time(TaskKind kind);
   void push(Task task);
   // push, with the task's profiler record when torch.profiler is active
   void push_observed(std::function<void()> fn, double duration_us, const char* op, TaskKind kind);
@@ -228,6 +246,7 @@ class NpuStream {
   bool worker_sleeping_ = false;  // guarded by mutex_
   std::atomic<int> host_waiters_{0};
   std::atomic<StreamCapture*> capture_{nullptr};
+  std::atomic<double> clock_us_{0.0};  // written by the worker only
   std::unique_ptr<std::thread> worker_;
 };
 
@@ -267,6 +286,8 @@ inline void wait_current_stream_idle(c10::DeviceIndex device) {
   NpuStream& s = current_stream(device);
   if (!s.query() || s.capture() != nullptr || s.failed()) {
     s.synchronize();
+  } else if (chip_clock_on()) {
+    host_wait_until(s.clock_us());  // Note [Chip clock]: a host read waits in chip time
   }
 }
 
@@ -291,9 +312,10 @@ inline void wait_current_stream_idle(c10::DeviceIndex device) {
 // under the timing model (a copy then takes its modelled stream time, a
 // compute op the duration the compute-cost hook gives it).
 // NPUSIM_LAUNCH_BLOCKING=1 keeps every stream idle at each launch, so compute
-// then runs on the host whatever its size.
+// then runs on the host whatever its size. Under the chip clock every piece of
+// work is a task: its worker places it in chip time (Note [Chip clock]).
 inline bool tasks_must_show(const NpuStream& stream) {
-  return stream.capture() != nullptr || recording_device_activities();
+  return stream.capture() != nullptr || recording_device_activities() || chip_clock_on();
 }
 
 // Whether work enqueued on `stream` now would start at once and need not be

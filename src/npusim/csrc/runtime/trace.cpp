@@ -1,5 +1,7 @@
 #include "trace.h"
 
+#include "chip_clock.h"
+
 #include <c10/core/Allocator.h>
 #include <c10/util/ThreadLocalDebugInfo.h>
 #include <c10/util/ApproximateClock.h>
@@ -74,6 +76,7 @@ uint64_t current_correlation() {
 }
 
 void start_device_activities() {
+  anchor_profiler_axis();  // Note [Chip clock]: chip times on the profiler's axis
   std::lock_guard<std::mutex> lock(g_activities_mutex);
   g_activities.clear();
   g_recording_generation.fetch_add(1, std::memory_order_acq_rel);
@@ -123,10 +126,17 @@ void run_profiled(TaskProfile& profile, const std::function<void()>& fn) {
     DeviceActivity& activity;
     ~Timed() {
       activity.end_ns = c10::getTime();
+      double start_us = 0.0;
+      double end_us = 0.0;
+      if (take_task_span(&start_us, &end_us)) {  // Note [Chip clock]: the task's chip times
+        activity.start_ns = chip_us_to_profiler_ns(start_us);
+        activity.end_ns = chip_us_to_profiler_ns(end_us);
+      }
       record_activity(std::move(activity));
     }
   } timed{*profile.activity};
   profile.activity->start_ns = c10::getTime();
+  forget_task_span();  // one noted by a task that ran unprofiled
   fn();
 }
 

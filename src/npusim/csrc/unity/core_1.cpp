@@ -3,6 +3,7 @@
 // The runtime floor first, then the floors above it (README: csrc/ floors).
 #include "../runtime/device.cpp"
 #include "../runtime/timing.cpp"
+#include "../runtime/chip_clock.cpp"
 #include "../runtime/trace.cpp"
 #include "../runtime/stream.cpp"
 #include "../runtime/event.cpp"
