@@ -51,8 +51,8 @@ def test_shim_exists_only_while_installed():
         with pytest.raises(shim.NotSimulatedError, match=r"torch_npu.npu_quant_matmul is not simulated by npusim"):
             torch_npu.npu_quant_matmul(torch.ones(2, device="npu"), torch.ones(2, device="npu"))
         assert torch_npu.npu_rms_norm is torch.ops.npu.npu_rms_norm  # a simulated fused operator
-        with pytest.raises(ImportError, match=r"torch_npu.profiler is not simulated by npusim"):
-            import torch_npu.profiler  # noqa: F401
+        with pytest.raises(ImportError, match=r"torch_npu.asd is not simulated by npusim"):
+            import torch_npu.asd  # noqa: F401
         with pytest.raises(AttributeError, match=r"torch_npu.no_such_name is not simulated by npusim"):
             torch_npu.no_such_name  # noqa: B018
     finally:

@@ -95,8 +95,8 @@ def test_unknown_names_and_unsimulated_submodules_are_refused_by_name(torch_npu)
     """Any other attribute is a NotSimulatedError; torch_npu's services fail to import naming themselves."""
     with pytest.raises(AttributeError, match=r"torch_npu\.erase_stream is not simulated by npusim"):
         torch_npu.erase_stream  # noqa: B018
-    with pytest.raises(shim.NotSimulatedModuleError, match=r"torch_npu\.profiler is not simulated by npusim"):
-        import torch_npu.profiler  # noqa: F401
+    with pytest.raises(shim.NotSimulatedModuleError, match=r"torch_npu\.asd is not simulated by npusim"):
+        import torch_npu.asd  # noqa: F401
     assert importlib.util.find_spec("torch_npu.optim") is not None  # found, so the error can name it
     with pytest.raises(ModuleNotFoundError, match="fused optimizers"):
         importlib.import_module("torch_npu.optim")

@@ -139,14 +139,17 @@ FRAMEWORK_PROVIDED: dict[str, str] = {
     "torch.npu.memory._set_allocator_settings": "re-parses torch_npu's run-time keys (Note [Allocator settings])",
     "torch.npu.default_generators": "one Philox generator per device (DeepSpeed's accelerator)",
     "torch.npu.set_option": "stored (MindSpeed)",
+    "torch_npu.profiler.profile": "torch.profiler with torch_npu's arguments; writes torch_npu's *_ascend_pt views "
+                                  "(torchtitan-npu, MindSpeed)",
+    "torch_npu.profiler.tensorboard_trace_handler": "writes <worker>_<time>_ascend_pt with ASCEND_PROFILER_OUTPUT "
+                                                    "(MindSpeed's profiling options)",
+    "torch_npu.profiler._ExperimentalConfig": "profiler_level kept; PMU metrics and the db export refused by name",
 }
 
 FRAMEWORK_REFUSED: dict[str, str] = {
     "torch_npu.npu_quant_matmul": "quantized matmul: no quantized kernels (torchtitan-npu, MindSpeed)",
     "torch_npu.npu_dynamic_mx_quant": "MX quantization: no such kernels (torchtitan-npu)",
     "torch_npu.empty_with_swapped_memory": "host-swapped device memory is not simulated (MindSpeed)",
-    "torch_npu.profiler": "torch_npu's profiler; npusim's device tasks are in torch.profiler (torchtitan-npu, "
-                          "MindSpeed)",
     "torch_npu.optim": "torch_npu's fused optimizers (transformers' NpuFusedAdamW)",
     "torchair.dynamo_export": "exporting graph-engine models (.air / .om) needs Ascend's graph engine",
     "torch_npu.distributed": "torch_npu.distributed's extensions (ParallelStore, uneven collectives)",

@@ -49,7 +49,9 @@ STARTUP_DIR = Path(__file__).parent / "startup"
 # - torch_npu's custom dtype numbers (``torch_npu.hifloat8``, ...) and ``get_storage_size`` are
 #   attributes of the package;
 # - ``torch_npu.testing``, ``torch_npu._C`` (raw streams, ``_cd``, ``_distributed_c10d``),
-#   ``torch_npu.utils``, ``torch_npu.contrib.transfer_to_npu`` and ``.module``, ``torch_npu._inductor`` and
+#   ``torch_npu.utils``, ``torch_npu.profiler`` (torch.profiler writing torch_npu's output:
+#   Note [What npusim's torch_npu.profiler writes]), ``torch_npu.contrib.transfer_to_npu`` and ``.module``,
+#   ``torch_npu._inductor`` and
 #   ``torch_npu.dynamo.torchair`` (also ``import torchair``, as on Ascend: TORCHAIR_ALIAS;
 #   Note [torchair in npusim]) are modules in package/; torch_npu's services npusim has no model of
 #   (:data:`NOT_SIMULATED_MODULES`) fail to import with NotSimulatedModuleError, a
@@ -58,7 +60,6 @@ STARTUP_DIR = Path(__file__).parent / "startup"
 
 # torch_npu subpackages npusim has no model of, with why.
 NOT_SIMULATED_MODULES: dict[str, str] = {
-    "profiler": "npusim's device tasks appear in torch.profiler (ProfilerActivity.PrivateUse1) instead",
     "optim": "torch_npu's fused optimizers are CANN kernels; use torch.optim (foreach / fused=False)",
     "onnx": "ONNX export of torch_npu's custom operators is not simulated",
     "op_plugin": "op-plugin's operators are torch.ops.npu.* (npusim.ops.fused), not a torch_npu submodule",

@@ -77,8 +77,8 @@ def __getattr__(name: str) -> Any:
             "a real NPU", name=name, obj=sys.modules[__name__])
     raise NotSimulatedError(f"torch_npu.{name} is not simulated by npusim (npusim's torch_npu provides torch_npu.npu, "
                             "op-plugin's simulated fused operators, the custom dtype numbers, get_storage_size, "
-                            "torch_npu.testing, torch_npu._C's raw streams and hccl options, torch_npu.utils and "
-                            "torch_npu.contrib)",
+                            "torch_npu.testing, torch_npu._C's raw streams and hccl options, torch_npu.utils, "
+                            "torch_npu.profiler and torch_npu.contrib)",
                             name=name, obj=sys.modules[__name__])
 
 
