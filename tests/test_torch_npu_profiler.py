@@ -16,9 +16,11 @@ import pytest
 import torch
 from torch.autograd import DeviceType
 
+import npusim
 from npusim.compat import torch_npu as shim
-from npusim.compat.ascend_profiler import records, steps
+from npusim.compat.ascend_profiler import records
 from npusim.runtime import overlap
+from npusim.runtime.chip_clock import host_ns_to_chip_ns
 from npusim.testing.ranks import run_ranks
 
 OUTPUT = "ASCEND_PROFILER_OUTPUT"
@@ -146,19 +148,39 @@ def test_kernel_details_rows_are_device_activities(torch_npu, tmp_path: Path):
         assert float(row["Duration(us)"]) == pytest.approx(activity.time_range.elapsed_us(), abs=1e-3)
 
 
+def _steps_of_device_events(prof: Any) -> dict[str, tuple[int, list[Any]]]:
+    """Step id -> (its start on the chip clock, its device events), from the profiler's raw kineto events: an
+    event belongs to the ProfilerStep#N range holding the start of the op that launched it (on the chip clock,
+    where under the timing model an op that launches costs host time)."""
+    events = prof.profiler.kineto_results.events()
+    cpu = {e.correlation_id(): e for e in events if e.device_type() == DeviceType.CPU}
+    ranges = {e.name().removeprefix("ProfilerStep#"): (host_ns_to_chip_ns(e.start_ns()), host_ns_to_chip_ns(e.end_ns()))
+              for e in cpu.values() if e.name().startswith("ProfilerStep#")}
+    found: dict[str, tuple[int, list[Any]]] = {step: (start, []) for step, (start, _) in ranges.items()}
+    for event in events:
+        op = cpu.get(event.linked_correlation_id()) if event.device_type() == DeviceType.PrivateUse1 else None
+        if op is None:
+            continue
+        launched = host_ns_to_chip_ns(op.start_ns())
+        step = next((step for step, (start, end) in ranges.items() if start <= launched < end), None)
+        if step is not None:
+            found[step][1].append(event)
+    return found
+
+
 def test_step_trace_time_is_the_overlap_of_the_profiled_events(torch_npu, tmp_path: Path):
-    """step_trace_time.csv's figures are runtime/overlap.py's step_figures of the same events: the compute
-    kernels and collectives starting in each step's device window (Note [Overlap Analysis figures])."""
-    prof, prof_dir = _profiled(torch_npu, tmp_path)
-    data = records.collect(prof)
-    windows = steps.step_windows(data)
+    """Under the timing model, step_trace_time.csv's figures are runtime/overlap.py's step_figures of the same
+    profiler events: each step's compute kernels (Note [Overlap Analysis figures]), from the raw kineto events."""
+    with npusim.timing.model(launch_us=5, compute=True):
+        prof, prof_dir = _profiled(torch_npu, tmp_path)
     _, rows = _read_csv(prof_dir / OUTPUT / "step_trace_time.csv")
-    assert [w.id for w in windows] == [row["Step"] for row in rows]
-    for window, row in zip(windows, rows, strict=True):
-        mine = [t for t in data.device if window.start_ns <= t.start_ns < window.end_ns]
-        expected = overlap.step_figures([(t.start_ns, t.end_ns) for t in mine if t.kind == records.COMPUTE],
-                                        [(t.start_ns, t.end_ns) for t in mine if t.kind == records.COMMUNICATION],
-                                        step_start=window.host_start_ns)
+    per_step = _steps_of_device_events(prof)
+    assert sorted(per_step) == [row["Step"] for row in rows] == ["2", "3"]
+    for row in rows:
+        step_start, events = per_step[row["Step"]]
+        compute = [(e.start_ns(), e.end_ns()) for e in events
+                   if e.activity_type() == "kernel" and e.name() not in records.STREAM_WAITS]
+        expected = overlap.step_figures(compute, [], step_start=step_start)
         written = [float(row[name]) for name in STEP_TRACE_HEADER[2:]]
         assert written == pytest.approx([value / 1000 for value in expected], abs=1e-3)
         assert expected.computing > 0 and expected.free + expected.computing == pytest.approx(expected.stage)
@@ -203,6 +225,9 @@ def test_without_schedule_one_step_and_no_step_id(torch_npu, tmp_path: Path):
     assert header == KERNEL_HEADER
     _, rows = _read_csv(out / "step_trace_time.csv")
     assert [(row["Device_id"], row["Step"]) for row in rows] == [("0", "")] and float(rows[0]["Computing"]) > 0
+    prof.export_chrome_trace(str(tmp_path / "trace.json"))  # torch_npu's export: its trace_view array
+    exported = json.loads((tmp_path / "trace.json").read_text())
+    assert isinstance(exported, list) and any(e.get("name") == "aten::mm" and e["ph"] == "X" for e in exported)
 
 
 def test_analyse_writes_the_views_later(torch_npu, tmp_path: Path):
@@ -235,7 +260,8 @@ def test_schedule_acts_as_torch_profilers(torch_npu):
 
 def test_what_npusim_cannot_collect_is_refused_by_name(torch_npu):
     """AI Core metrics, the db export and the chip's other counters raise NotSimulatedProfilerConfigError naming
-    torch_npu.profiler, what was asked and what is supported; the levels and the default metric are accepted."""
+    torch_npu.profiler, what was asked and what is supported; the levels and the default metric are accepted;
+    torch_npu.profiler's other names are NotSimulatedError."""
     import torch_npu.profiler as npu_profiler
 
     config = npu_profiler._ExperimentalConfig
@@ -255,6 +281,8 @@ def test_what_npusim_cannot_collect_is_refused_by_name(torch_npu):
     assert npu_profiler.ExperimentalConfig is config and npu_profiler.supported_export_type() == {"text"}
     with pytest.raises(ValueError, match=r"activity .*CUDA.* expected ProfilerActivity.CPU or ProfilerActivity.NPU"):
         npu_profiler.profile(activities=[torch.profiler.ProfilerActivity.CUDA])
+    with pytest.raises(AttributeError, match=r"torch_npu\.profiler\.dynamic_profile is not simulated by npusim"):
+        npu_profiler.dynamic_profile  # noqa: B018
 
 
 def _all_reduce_job(rank: int, world: int, out: str) -> dict[str, Any]:

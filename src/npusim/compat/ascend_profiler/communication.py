@@ -14,7 +14,7 @@ from collections import defaultdict
 from typing import Any
 
 from npusim.compat.ascend_profiler.records import COMMUNICATION, DeviceTask, Records
-from npusim.compat.ascend_profiler.steps import StepWindow, step_of
+from npusim.compat.ascend_profiler.steps import StepWindow, task_steps
 
 __all__ = ["communication_json"]
 
@@ -69,9 +69,9 @@ def _with_total(ops: dict[str, Any]) -> dict[str, Any]:
 def communication_json(records: Records, windows: list[StepWindow]) -> dict[str, Any]:
     """The communication.json of the records' collectives (of every device of the process)."""
     by_step: dict[str | None, dict[str, dict[str, Any]]] = {w.id: {"p2p": {}, "collective": {}} for w in windows}
-    collectives = [t for t in records.device if t.kind == COMMUNICATION]
-    for index, task in enumerate(collectives):
-        window = step_of(windows, task.start_ns)
+    collectives = [(task, window) for task, window in zip(records.device, task_steps(records, windows), strict=True)
+                   if task.kind == COMMUNICATION]
+    for index, (task, window) in enumerate(collectives):
         if window is None:
             continue
         name = _op_name(task, index)

@@ -8,9 +8,11 @@ host ranges go through :func:`npusim.runtime.chip_clock.host_ns_to_chip_ns`.
 
 from __future__ import annotations
 
+import bisect
 import json
 import os
 import socket
+from collections import defaultdict
 from pathlib import Path
 from typing import Any, NamedTuple
 
@@ -95,9 +97,41 @@ def _rank() -> int:
     return dist.get_rank() if dist.is_available() and dist.is_initialized() else -1
 
 
+def _launchers(prof: Any) -> dict[int, int]:
+    """The surviving op of each op torch's post-processing merged away, by id.
+
+    ``prof.events()`` drops an op nested alone in an op of its name (``aten::mean`` dispatching to
+    ``aten::mean``; EventList._remove_dup_nodes) and moves its device time to the outer one; its tasks still
+    name the inner op, so they are linked to the outer op here: the innermost kept op of that name on the
+    thread whose range holds the dropped one's."""
+    kept: dict[tuple[int, str], list[Any]] = defaultdict(list)  # (thread, name) -> ops by start
+    for event in prof.events():
+        if event.device_type == DeviceType.CPU:
+            kept[event.thread, event.name].append(event)
+    starts = {}
+    for key, ops in kept.items():
+        ops.sort(key=lambda e: e.time_range.start)
+        starts[key] = [e.time_range.start for e in ops]
+    kept_ids = {e.id for ops in kept.values() for e in ops}
+    origin_ns = prof.profiler.kineto_results.trace_start_ns()
+    merged = {}
+    for event in prof.profiler.kineto_results.events():
+        if event.device_type() != DeviceType.CPU or event.correlation_id() in kept_ids:
+            continue
+        start_us, end_us = (event.start_ns() - origin_ns) / 1000, (event.end_ns() - origin_ns) / 1000
+        key = event.start_thread_id(), event.name()
+        ops = kept.get(key, [])
+        i = bisect.bisect_right(starts.get(key, []), start_us)
+        holder = next((e for e in reversed(ops[:i]) if end_us <= e.time_range.end), None)
+        if holder is not None:
+            merged[event.correlation_id()] = holder.id
+    return merged
+
+
 def collect(prof: Any) -> Records:
     """The records of a stopped ``torch.profiler.profile`` (its ``events()``, absolute in nanoseconds)."""
     origin_ns = prof.profiler.kineto_results.trace_start_ns()
+    launchers = _launchers(prof)
     host: list[HostOp] = []
     device: list[DeviceTask] = []
     for event in prof.events():
@@ -106,8 +140,9 @@ def collect(prof: Any) -> Records:
         start_ns = origin_ns + round(event.time_range.start * 1000)
         end_ns = origin_ns + round(event.time_range.end * 1000)
         if event.device_type == DeviceType.PrivateUse1:
+            op = launchers.get(event.linked_correlation_id, event.linked_correlation_id)
             device.append(DeviceTask(name, _kind(name, event.activity_type or ""), event.device_index,
-                                     event.device_resource_id, start_ns, end_ns, event.linked_correlation_id))
+                                     event.device_resource_id, start_ns, end_ns, op))
         elif event.device_type == DeviceType.CPU and name != "[memory]":
             category = ("python_function" if event.is_python_function else
                         "user_annotation" if event.is_user_annotation else "cpu_op")

@@ -1,11 +1,12 @@
-"""Steps on the device axis, and each step's Overlap Analysis per device.
+"""Steps on the device axis, which step each device task belongs to, and each step's Overlap Analysis.
 
-A ``ProfilerStep#N`` range is host time; its device tasks run later. As torch_npu does
-(FwkCANNRelationParser.get_step_range), a step's window on the device starts at the first task launched
-by an op inside the range (at the range's start if none) and ends at the later of the last such task's
-end and the range's end; a device task belongs to the first step whose window holds its start
-(torch_npu's step_trace_time and communication views; a task in no window has no step). With no steps
-the whole trace is one step, named None.
+A ``ProfilerStep#N`` range is host time; its device tasks run later. A device task belongs to the step
+whose range holds the op that launched it (the op's ``ProfilerStep#N`` ancestor, or on another thread the
+range holding its start): torch_npu links tasks to ops by the same correlation (its step's task_info).
+A task no step's op launched belongs to the first step whose window holds its start, the window running,
+as torch_npu's (FwkCANNRelationParser.get_step_range), from the step's first task (its range's start if
+none) to the later of its last task's end and its range's end. With no steps the whole trace is one step,
+named None.
 """
 
 from __future__ import annotations
@@ -13,10 +14,10 @@ from __future__ import annotations
 import math
 from typing import NamedTuple
 
-from npusim.compat.ascend_profiler.records import COMMUNICATION, COMPUTE, STEP_PREFIX, DeviceTask, Records
+from npusim.compat.ascend_profiler.records import COMMUNICATION, COMPUTE, STEP_PREFIX, DeviceTask, HostOp, Records
 from npusim.runtime.overlap import Interval, StepFigures, step_figures
 
-__all__ = ["StepWindow", "overlap_by_step", "step_of", "step_windows"]
+__all__ = ["StepWindow", "overlap_by_step", "step_windows", "task_steps"]
 
 RECEIVES = ("recv", "receive")  # collectives that are pipeline receives: torch_npu's Bubble (hcom_receive)
 
@@ -30,25 +31,50 @@ class StepWindow(NamedTuple):
     end_ns: float
 
 
+def _op_steps(records: Records) -> dict[int, str]:
+    """The step id of each host op inside a step: its ProfilerStep#N ancestor, else the range holding its start."""
+    ops = {op.id: op for op in records.host}
+    steps = records.steps
+    found: dict[int, str] = {}
+    for op in records.host:
+        ancestor: HostOp | None = op
+        while ancestor is not None and not ancestor.name.startswith(STEP_PREFIX):
+            ancestor = ops.get(ancestor.parent)
+        if ancestor is None:  # another thread (autograd's, a comm thread): by time, half open
+            ancestor = next((s for s in steps if s.start_ns <= op.start_ns < s.end_ns), None)
+        if ancestor is not None:
+            found[op.id] = ancestor.name.removeprefix(STEP_PREFIX)
+    return found
+
+
 def step_windows(records: Records) -> list[StepWindow]:
     """The windows of the records' steps, or one window over everything when there are none."""
     steps = records.steps
     if not steps:
         first_host = min((op.start_ns for op in records.host), default=0)
         return [StepWindow(None, first_host, -math.inf, math.inf)]
-    launched_at = {op.id: op.start_ns for op in records.host}
+    op_steps = _op_steps(records)
     windows = []
     for step in steps:
-        tasks = [t for t in records.device if step.start_ns <= launched_at.get(t.op, -1) <= step.end_ns]
+        step_id = step.name.removeprefix(STEP_PREFIX)
+        tasks = [t for t in records.device if op_steps.get(t.op) == step_id]
         start = min((t.start_ns for t in tasks), default=step.start_ns)
         end = max([step.end_ns, *(t.end_ns for t in tasks)])
-        windows.append(StepWindow(step.name.removeprefix(STEP_PREFIX), step.start_ns, start, end))
+        windows.append(StepWindow(step_id, step.start_ns, start, end))
     return windows
 
 
-def step_of(windows: list[StepWindow], start_ns: float) -> StepWindow | None:
-    """The first window holding ``start_ns`` (half open, as torch_npu's), None if none does."""
-    return next((w for w in windows if w.start_ns <= start_ns < w.end_ns), None)
+def task_steps(records: Records, windows: list[StepWindow]) -> list[StepWindow | None]:
+    """The step window of each of ``records.device``'s tasks, None for a task in no step."""
+    by_id = {w.id: w for w in windows}
+    op_steps = _op_steps(records)
+    found = []
+    for task in records.device:
+        window = by_id.get(op_steps[task.op]) if task.op in op_steps else None
+        if window is None:
+            window = next((w for w in windows if w.start_ns <= task.start_ns < w.end_ns), None)
+        found.append(window)
+    return found
 
 
 def _ns(task: DeviceTask) -> Interval:
@@ -61,8 +87,7 @@ def overlap_by_step(records: Records, windows: list[StepWindow]) -> dict[tuple[i
     device with tasks and every window, in device then step order."""
     grouped: dict[tuple[int, str | None], list[DeviceTask]] = {
         (device, w.id): [] for device in sorted({t.device for t in records.device}) for w in windows}
-    for task in records.device:
-        window = step_of(windows, task.start_ns)
+    for task, window in zip(records.device, task_steps(records, windows), strict=True):
         if window is not None:
             grouped[task.device, window.id].append(task)
     starts = {w.id: w.host_start_ns for w in windows}

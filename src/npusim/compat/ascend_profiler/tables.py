@@ -17,7 +17,7 @@ import torch
 from torch.utils import flop_counter
 
 from npusim.compat.ascend_profiler.records import COMMUNICATION, COMPUTE, MEMCPY, STEP_PREFIX, DeviceTask, Records
-from npusim.compat.ascend_profiler.steps import StepWindow, overlap_by_step, step_of
+from npusim.compat.ascend_profiler.steps import StepWindow, overlap_by_step, task_steps
 
 __all__ = ["KERNEL_HEADERS", "OPERATOR_HEADERS", "OP_STATISTIC_HEADERS", "STEP_TRACE_HEADERS", "accelerator_core",
            "kernel_details", "op_statistic", "op_type", "operator_details", "step_trace_time", "write_csv"]
@@ -73,7 +73,7 @@ def kernel_details(records: Records, windows: list[StepWindow]) -> tuple[list[st
     stepped = windows[0].id is not None
     previous_end: dict[tuple[int, int], int] = {}
     rows = []
-    for task in records.device:
+    for task, window in zip(records.device, task_steps(records, windows), strict=True):
         if task.kind not in KERNEL_KINDS:
             continue
         lane = task.device, task.stream
@@ -82,7 +82,6 @@ def kernel_details(records: Records, windows: list[StepWindow]) -> tuple[list[st
         row = [task.device, task.name, op_type(task), accelerator_core(task), _timestamp(task.start_ns),
                _us(task.end_ns - task.start_ns), _us(wait), 0]
         if stepped:
-            window = step_of(windows, task.start_ns)
             row.insert(0, window.id if window is not None else "")
         rows.append(row)
     return (["Step Id", *KERNEL_HEADERS] if stepped else KERNEL_HEADERS), rows
