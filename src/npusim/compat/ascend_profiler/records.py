@@ -36,7 +36,7 @@ STEP_PREFIX = "ProfilerStep#"
 class HostOp(NamedTuple):
     """A host range (op, ``record_function``, ``ProfilerStep#N``) with its times on the chip clock."""
 
-    id: int  # the profiler's correlation id; device tasks name their launching op by it
+    id: int  # the profiler's correlation id, by which device tasks name their launching op (< 0: a Python frame)
     name: str
     start_ns: int
     end_ns: int
@@ -132,9 +132,13 @@ def collect(prof: Any) -> Records:
     """The records of a stopped ``torch.profiler.profile`` (its ``events()``, absolute in nanoseconds)."""
     origin_ns = prof.profiler.kineto_results.trace_start_ns()
     launchers = _launchers(prof)
+    events = prof.events()
+    # Python frames (with_stack) all have correlation id 0: they get negative ids of their own, which no
+    # device task names.
+    ids = {id(e): -i if e.is_python_function else e.id for i, e in enumerate(events, start=1)}
     host: list[HostOp] = []
     device: list[DeviceTask] = []
-    for event in prof.events():
+    for event in events:
         name = event.trace_name or event.name  # event.name has "ProfilerStep*" for every ProfilerStep#N
         # FunctionEvents hold microseconds from the trace's start; back to the profiler's nanoseconds.
         start_ns = origin_ns + round(event.time_range.start * 1000)
@@ -146,8 +150,8 @@ def collect(prof: Any) -> Records:
         elif event.device_type == DeviceType.CPU and name != "[memory]":
             category = ("python_function" if event.is_python_function else
                         "user_annotation" if event.is_user_annotation else "cpu_op")
-            parent = event.cpu_parent.id if event.cpu_parent is not None else 0
-            host.append(HostOp(event.id, name, host_ns_to_chip_ns(start_ns), host_ns_to_chip_ns(end_ns),
+            parent = ids.get(id(event.cpu_parent), 0) if event.cpu_parent is not None else 0
+            host.append(HostOp(ids[id(event)], name, host_ns_to_chip_ns(start_ns), host_ns_to_chip_ns(end_ns),
                                event.thread, parent, category, _joined(event.input_shapes),
                                ";".join(str(t) for t in event.input_dtypes or []), ";".join(event.stack or []),
                                event.sequence_nr, event.fwd_thread or 0))
