@@ -230,6 +230,21 @@ def test_without_schedule_one_step_and_no_step_id(torch_npu, tmp_path: Path):
     assert isinstance(exported, list) and any(e.get("name") == "aten::mm" and e["ph"] == "X" for e in exported)
 
 
+def test_with_stack_writes_call_stacks(torch_npu, tmp_path: Path):
+    """with_stack=True: operator_details.csv has each op's Python call stack, trace_view.json its frames."""
+    import torch_npu.profiler as npu_profiler
+
+    with npu_profiler.profile(with_stack=True, on_trace_ready=npu_profiler.tensorboard_trace_handler(str(tmp_path))):
+        x = torch.randn(64, 64, device="npu")
+        (x @ x).sum().item()
+    (prof_dir,) = tmp_path.glob("*_ascend_pt")
+    _, operators = _read_csv(prof_dir / OUTPUT / "operator_details.csv")
+    mm = next(row for row in operators if row["Name"] == "aten::mm")
+    assert "test_with_stack_writes_call_stacks" in mm["Call Stack"]
+    events = json.loads((prof_dir / OUTPUT / "trace_view.json").read_text())
+    assert any(e.get("cat") == "python_function" for e in events)
+
+
 def test_analyse_writes_the_views_later(torch_npu, tmp_path: Path):
     """analyse_flag=False saves the raw records only; torch_npu.profiler.analyse writes the views from them."""
     import torch_npu.profiler as npu_profiler

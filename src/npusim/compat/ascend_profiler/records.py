@@ -91,6 +91,19 @@ def _joined(shapes: Any) -> str:
     return ";".join(",".join(str(d) for d in shape) if isinstance(shape, list) else "" for shape in shapes or [])
 
 
+def _call_stack(event: Any) -> str:
+    """The op's Python frames, innermost first: its recorded stack, else (the Python tracer of with_stack) its
+    enclosing python_function ranges."""
+    frames = list(event.stack or [])
+    if not frames and not event.is_python_function:
+        parent = event.cpu_parent
+        while parent is not None:
+            if parent.is_python_function:
+                frames.append(parent.name)
+            parent = parent.cpu_parent
+    return ";".join(frames)
+
+
 def _rank() -> int:
     import torch.distributed as dist
 
@@ -153,7 +166,7 @@ def collect(prof: Any) -> Records:
             parent = ids.get(id(event.cpu_parent), 0) if event.cpu_parent is not None else 0
             host.append(HostOp(ids[id(event)], name, host_ns_to_chip_ns(start_ns), host_ns_to_chip_ns(end_ns),
                                event.thread, parent, category, _joined(event.input_shapes),
-                               ";".join(str(t) for t in event.input_dtypes or []), ";".join(event.stack or []),
+                               ";".join(str(t) for t in event.input_dtypes or []), _call_stack(event),
                                event.sequence_nr, event.fwd_thread or 0))
     device.sort(key=lambda task: (task.start_ns, task.device, task.stream))
     return Records(socket.gethostname(), os.getpid(), _rank(), host, device)

@@ -117,13 +117,16 @@ def operator_details(records: Records) -> tuple[list[str], list[list[Any]]]:
         launched[task.op] = (done + duration, on_core + (duration if accelerator_core(task) == "AI_CORE" else 0.0))
     parents = {op.id: op.parent for op in records.host}
     depth: dict[int, int] = {}
-    for op in records.host:  # walk up to an op of known depth, then set the depths on the way down
-        chain = [op.id]
-        while chain[-1] in parents and chain[-1] not in depth and parents[chain[-1]] in parents:
-            chain.append(parents[chain[-1]])
-        base = depth.get(chain[-1], 0)
-        for distance, op_id in enumerate(reversed(chain)):
-            depth.setdefault(op_id, base + distance)
+    for op in records.host:  # walk up to a root or an op of known depth, then number the way back down
+        chain: list[int] = []
+        up = op.id
+        while up in parents and up not in depth and up not in chain:
+            chain.append(up)
+            up = parents[up]
+        level = depth.get(up, -1)
+        for op_id in reversed(chain):
+            level += 1
+            depth[op_id] = level
     totals: dict[int, tuple[float, float]] = {}
     for op in sorted(records.host, key=lambda op: depth[op.id], reverse=True):  # children before parents
         below = [totals[c] for c in children.get(op.id, [])]
