@@ -13,7 +13,7 @@ from __future__ import annotations
 from collections import defaultdict
 from typing import Any
 
-from npusim.compat.ascend_profiler.records import COMMUNICATION, DeviceTask, Records
+from npusim.compat.ascend_profiler.records import COMMUNICATION, DeviceTask, Records, collective
 from npusim.compat.ascend_profiler.steps import StepWindow, task_steps
 
 __all__ = ["communication_json"]
@@ -22,13 +22,8 @@ TRANSPORTS = ("RDMA", "HCCS", "PCIE", "SDMA", "SIO")  # msprof's keys of "Commun
 P2P_PREFIXES = ("hcom_send", "hcom_receive", "hcom_batchsendrecv")  # torch_npu's split into p2p / collective
 
 
-def _what(task: DeviceTask) -> str:
-    """The collective of a task named "hccl ... <what> on ...": all_reduce, send, recv, ..."""
-    return task.name.split(" on ")[0].split()[-1]
-
-
 def _op_name(task: DeviceTask, index: int) -> str:
-    what = {"send": "send", "recv": "receive"}.get(_what(task), _what(task))
+    what = {"recv": "receive"}.get(collective(task), collective(task))
     # torch_npu names an op hcom_<what>__<index>_<...>@<group>; its group lets Insight match ranks' ops.
     return f"hcom_{what}__{index}@npu_group"
 

@@ -20,7 +20,7 @@ from torch.autograd import DeviceType
 
 from npusim.runtime.chip_clock import host_ns_to_chip_ns
 
-__all__ = ["DeviceTask", "HostOp", "Records", "collect", "load", "save"]
+__all__ = ["DeviceTask", "HostOp", "Records", "collect", "collective", "load", "save"]
 
 # Task kinds (Note [Overlap Analysis figures] in runtime/overlap.py says which count where).
 COMPUTE, MEMCPY, SYNC, COMMUNICATION = "compute", "memcpy", "sync", "communication"
@@ -75,6 +75,11 @@ class Records(NamedTuple):
     def steps(self) -> list[HostOp]:
         """The ``ProfilerStep#N`` ranges, in order."""
         return sorted((op for op in self.host if op.name.startswith(STEP_PREFIX)), key=lambda op: op.start_ns)
+
+
+def collective(task: DeviceTask) -> str:
+    """The collective of a task named "hccl ... <what> on <device> ...": all_reduce, send, recv, ..."""
+    return task.name.split(" on ")[0].split()[-1]
 
 
 def _kind(name: str, activity_type: str) -> str:

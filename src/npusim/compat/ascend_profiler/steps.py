@@ -14,7 +14,15 @@ from __future__ import annotations
 import math
 from typing import NamedTuple
 
-from npusim.compat.ascend_profiler.records import COMMUNICATION, COMPUTE, STEP_PREFIX, DeviceTask, HostOp, Records
+from npusim.compat.ascend_profiler.records import (
+    COMMUNICATION,
+    COMPUTE,
+    STEP_PREFIX,
+    DeviceTask,
+    HostOp,
+    Records,
+    collective,
+)
 from npusim.runtime.overlap import Interval, StepFigures, step_figures
 
 __all__ = ["StepWindow", "overlap_by_step", "step_windows", "task_steps"]
@@ -95,7 +103,7 @@ def overlap_by_step(records: Records, windows: list[StepWindow]) -> dict[tuple[i
     for (device, step), tasks in grouped.items():
         compute = [_ns(t) for t in tasks if t.kind == COMPUTE]
         communication = [_ns(t) for t in tasks if t.kind == COMMUNICATION]
-        receive = [_ns(t) for t in tasks if t.kind == COMMUNICATION and any(r in t.name for r in RECEIVES)]
+        receive = [_ns(t) for t in tasks if t.kind == COMMUNICATION and collective(t) in RECEIVES]
         in_ns = step_figures(compute, communication, receive, step_start=starts[step])
         figures[device, step] = StepFigures(*(value / 1000 for value in in_ns))
     return figures

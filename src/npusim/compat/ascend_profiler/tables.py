@@ -16,7 +16,15 @@ from typing import Any
 import torch
 from torch.utils import flop_counter
 
-from npusim.compat.ascend_profiler.records import COMMUNICATION, COMPUTE, MEMCPY, STEP_PREFIX, DeviceTask, Records
+from npusim.compat.ascend_profiler.records import (
+    COMMUNICATION,
+    COMPUTE,
+    MEMCPY,
+    STEP_PREFIX,
+    DeviceTask,
+    Records,
+    collective,
+)
 from npusim.compat.ascend_profiler.steps import StepWindow, overlap_by_step, task_steps
 
 __all__ = ["KERNEL_HEADERS", "OPERATOR_HEADERS", "OP_STATISTIC_HEADERS", "STEP_TRACE_HEADERS", "accelerator_core",
@@ -49,7 +57,7 @@ def op_type(task: DeviceTask) -> str:
     if task.kind == MEMCPY:
         return "MEMCPY_ASYNC"
     if task.kind == COMMUNICATION:
-        return f"hcom_{task.name.split(' on ')[0].split()[-1]}_"
+        return f"hcom_{collective(task)}_"
     return task.name.split("::")[-1]
 
 
