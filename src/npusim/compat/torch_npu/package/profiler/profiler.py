@@ -40,10 +40,14 @@ class profile(torch.profiler.profile):  # noqa: N801  (torch_npu's name)
             on_trace_ready = None
         if use_cuda is not None:
             warnings.warn("torch_npu.profiler: this is npu environment, use_cuda is invalid", stacklevel=2)
+        if experimental_config is not None and not isinstance(experimental_config, _ExperimentalConfig):
+            raise TypeError("torch_npu.profiler.profile: experimental_config must be a "
+                            f"torch_npu.profiler._ExperimentalConfig, got {type(experimental_config).__name__}")
         self.npu_experimental_config = experimental_config or _ExperimentalConfig()
-        self.npu_common_config = {"activities": sorted(str(a) for a in self.npu_activities), "schedule": repr(schedule),
-                              "record_shapes": record_shapes, "profile_memory": profile_memory,
-                              "with_stack": with_stack, "with_flops": with_flops, "with_modules": with_modules}
+        self.npu_common_config = {
+            "activities": sorted(str(a) for a in self.npu_activities), "schedule": repr(schedule),
+            "record_shapes": record_shapes, "profile_memory": profile_memory, "with_stack": with_stack,
+            "with_flops": with_flops, "with_modules": with_modules}
         super().__init__(activities=sorted((to_torch(a) for a in self.npu_activities), key=str), schedule=schedule,
                          on_trace_ready=on_trace_ready, record_shapes=record_shapes, profile_memory=profile_memory,
                          with_stack=with_stack, with_flops=with_flops, with_modules=with_modules)
