@@ -116,7 +116,7 @@ def test_sim_cost_times_the_same_steps_on_both_devices(monkeypatch):
         calls.append((step, threads, device, untimed, timed))
         return [1e-3 if device == "npu" else 2e-3] * timed
 
-    monkeypatch.setattr(sim_cost, "_steps_in_a_fresh_process", fake_process)
+    monkeypatch.setattr(sim_cost, "steps_in_a_fresh_process", fake_process)
     for min_run_time, rounds in ((1.0, 3), (2.0, 6)):
         calls.clear()
         rows, _ = sim_cost._train_rows(min_run_time)
@@ -167,7 +167,7 @@ def test_sim_cost_steps_of_process_returns_the_timed_steps():
 
     from npusim.bench import sim_cost
 
-    times = sim_cost._steps_in_a_fresh_process("mlp", "npu", 1, 2, 3)
+    times = sim_cost.steps_in_a_fresh_process("mlp", "npu", 1, 2, 3)
     assert len(times) == 3 and all(t > 0 for t in times)
     out = subprocess.run([sys.executable, "-m", "npusim.bench.sim_cost", "--steps-of", "mlp", "npu", "1", "2"],
                          capture_output=True, text=True, timeout=120)

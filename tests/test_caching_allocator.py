@@ -111,7 +111,7 @@ def test_same_stream_reuse_while_its_own_work_is_pending(clean_npu):
     b = torch.empty_like(a)
     torch.npu.synchronize()
     address = a.data_ptr()
-    with npusim.timing.model(copy_gbps=0.2):
+    with npusim.timing.model(copy_gbps=0.2, realtime=True):
         b.copy_(a)  # ~20 ms on the current stream, reading a
         del a
         assert torch.npu.current_stream().pending() > 0 and block_at(address)["state"] == "inactive"
@@ -130,7 +130,7 @@ def test_record_stream_delays_reuse_until_the_recorded_work_is_done(clean_npu):
     out = torch.empty_like(t)
     torch.npu.synchronize()
     address = t.data_ptr()
-    with npusim.timing.model(copy_gbps=0.2):
+    with npusim.timing.model(copy_gbps=0.2, realtime=True):
         with torch.npu.stream(side):
             out.copy_(t)  # side reads t for ~20 ms
         t.record_stream(side)

@@ -228,7 +228,7 @@ def _check_stream_semantics(rank: int, world: int) -> dict[str, float]:
     src = torch.full((n,), rank + 1.0, device=NPU)
     dst = torch.zeros(n, device=NPU)
     timings: dict[str, float] = {}
-    with npusim.timing.model(copy_gbps=SLOW_COPY_GBPS):
+    with npusim.timing.model(copy_gbps=SLOW_COPY_GBPS, realtime=True):
         dst.copy_(src)  # enqueued on the current stream; the host does not wait
         dist.all_reduce(dst)  # must start after the copy, not read zeros
         assert_close(dst[:8].cpu(), torch.full((8,), 3.0), msg="collective ran before the preceding copy")
@@ -243,7 +243,7 @@ def _check_stream_semantics(rank: int, world: int) -> dict[str, float]:
         work_b.wait(timeout=timedelta(seconds=30))  # with a timeout: blocks the host
         assert work_a.is_completed(), "collectives of one group must complete in issue order"
         torch.npu.synchronize()
-    with npusim.timing.model(link_gbps=SLOW_LINK_GBPS):
+    with npusim.timing.model(link_gbps=SLOW_LINK_GBPS, realtime=True):
         t = torch.full((n,), rank + 1.0, device=NPU)
         start = time.perf_counter()
         work = dist.all_reduce(t, async_op=True)
@@ -284,7 +284,7 @@ def test_stream_semantics():
 
 def _free_under_running_collective(rank: int, world: int) -> dict[str, int]:
     n = 1 << 20  # 4 MB of float32
-    with npusim.timing.model(link_gbps=SLOW_LINK_GBPS):
+    with npusim.timing.model(link_gbps=SLOW_LINK_GBPS, realtime=True):
         t = torch.full((n,), rank + 1.0, device=NPU)
         torch.npu.synchronize()
         torch.npu.empty_cache()  # only t's block is to be given back below

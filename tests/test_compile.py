@@ -144,7 +144,7 @@ def test_compiled_region_waits_for_queued_copies(monkeypatch):
     _compiled_pointwise(x)  # compile outside the timing model
     torch.npu.synchronize()
     # 0.05 GB/s: the 4 MiB copy occupies the stream for about 84 ms.
-    with npusim.timing.model(copy_gbps=0.05):
+    with npusim.timing.model(copy_gbps=0.05, realtime=True):
         _queue_slow_h2d(x, host)
         out = _compiled_pointwise(x)
         torch.npu.synchronize()
@@ -200,7 +200,7 @@ def test_waits_on_the_current_stream_of_the_call():
     x = torch.zeros(MIB, device="npu")
     side = torch.npu.Stream()
     torch.npu.synchronize()
-    with npusim.timing.model(copy_gbps=0.05), torch.npu.stream(side):
+    with npusim.timing.model(copy_gbps=0.05, realtime=True), torch.npu.stream(side):
         _queue_slow_h2d(x, host)
         out = _compiled_pointwise(x)
         side.synchronize()

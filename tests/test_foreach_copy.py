@@ -112,7 +112,7 @@ def test_aligned_fast_path_returns_before_copies_complete(non_blocking: bool):
     """With copies slowed down, the aligned fast path returns at once, its tasks still pending."""
     dst, src, copy_s = _slow_copy_setup()
     want = expected(dst, src)
-    with npusim.timing.model(copy_gbps=0.1):
+    with npusim.timing.model(copy_gbps=0.1, realtime=True):
         start = time.perf_counter()
         torch._foreach_copy_(dst, src, non_blocking=non_blocking)
         elapsed = time.perf_counter() - start
@@ -128,7 +128,7 @@ def test_fast_path_runs_on_the_current_stream():
     dst, src, _ = _slow_copy_setup()
     want = expected(dst, src)
     side = torch.npu.Stream()
-    with npusim.timing.model(copy_gbps=0.1), torch.npu.stream(side):
+    with npusim.timing.model(copy_gbps=0.1, realtime=True), torch.npu.stream(side):
         torch._foreach_copy_(dst, src)
         pending = (side.pending(), torch.npu.default_stream().pending())
         side.synchronize()
@@ -156,7 +156,8 @@ def test_legacy_mode_non_blocking_true_stays_async():
     """Legacy mode passes the caller's non_blocking=True down: the fast path stays asynchronous."""
     dst, src, _ = _slow_copy_setup()
     want = expected(dst, src)
-    with foreach_copy_mode("legacy"), npusim.ops.trace_foreach_copy() as calls, npusim.timing.model(copy_gbps=0.1):
+    with (foreach_copy_mode("legacy"), npusim.ops.trace_foreach_copy() as calls,
+          npusim.timing.model(copy_gbps=0.1, realtime=True)):
         torch._foreach_copy_(dst, src, non_blocking=True)
         pending = torch.npu.current_stream().pending()
     assert pending >= 1 and calls[0].groups[0].non_blocking is True

@@ -165,7 +165,7 @@ def _slow_pairs() -> tuple[list[torch.Tensor], list[torch.Tensor], float]:
 
 @contextmanager
 def _slow_copies() -> Iterator[None]:
-    with npusim.timing.model(copy_gbps=0.1):
+    with npusim.timing.model(copy_gbps=0.1, realtime=True):
         yield
 
 

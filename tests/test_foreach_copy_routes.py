@@ -32,7 +32,7 @@ def test_blocking_batch_synchronizes_the_stream_with_the_profile_timeout():
     """A blocking batch first waits for the current stream; past sync_timeout_s it raises, copying nothing."""
     big_dst, big_src = pairs(1, torch.float32, shape=(1 << 20,))
     dst, src = pairs(3, torch.float32, src_device="cpu")
-    with npusim.timing.model(copy_gbps=0.02), npusim.use_profile(sync_timeout_s=0.01):
+    with npusim.timing.model(copy_gbps=0.02, realtime=True), npusim.use_profile(sync_timeout_s=0.01):
         torch._foreach_copy_(big_dst, big_src)  # ~0.2 s of simulated copy on the current stream
         with pytest.raises(RuntimeError, match=r"synchronize_stream: npu:0 stream 0 .*within 0.01 s"):
             torch._foreach_copy_(dst, src)

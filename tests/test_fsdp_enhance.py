@@ -202,7 +202,7 @@ def _slow_device_job(rank: int, world: int) -> list[list[int]]:
 def test_identical_with_a_slow_device():
     """With the timing model making every device task slow, the cache still trains bit-identically."""
     allocs = run_ranks(_slow_device_job, timeout=120,
-                       env={"NPUSIM_TIMING": "copy_gbps=0.05,launch_us=1000,link_gbps=0.02"})[0]
+                       env={"NPUSIM_TIMING": "copy_gbps=0.05,launch_us=1000,link_gbps=0.02,realtime=1"})[0]
     assert all(a[WARMUP:] == [0, 0] for a in allocs), allocs
 
 

@@ -55,7 +55,7 @@ def test_reuse_is_ordered_after_the_previous_users_stream():
     side = torch.npu.Stream()
     ones, twos = torch.ones(256, device=DEV), torch.full((256,), 2.0, device=DEV)
     torch.npu.synchronize()
-    with npusim.timing.model(launch_us=200_000):  # every device copy takes 0.2 s
+    with npusim.timing.model(launch_us=200_000, realtime=True):  # every device copy takes 0.2 s
         with torch.npu.stream(side):
             t = cache.allocate((256,), dtype=torch.float32, device=DEV)
             t.copy_(twos)

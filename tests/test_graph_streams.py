@@ -73,7 +73,8 @@ def test_fork_join_capture_replays_equal_to_eager_with_both_streams_in_the_graph
 
 def test_captured_lanes_replay_in_parallel() -> None:
     """Two streams' slow copies captured in parallel overlap on replay (timing model): about one copy's time."""
-    with npusim.timing.model(copy_gbps=0.0005):  # ~130 ms per copy, modelled when the copies are captured
+    # ~130 ms per copy, modelled when the copies are captured, held in real time
+    with npusim.timing.model(copy_gbps=0.0005, realtime=True):
         g, src, dst = _two_lane_copies()
         start = time.perf_counter()
         g.replay()
@@ -88,7 +89,8 @@ def test_captured_lanes_replay_in_parallel() -> None:
 def test_under_launch_blocking_a_replay_is_one_blocking_launch_whose_lanes_still_overlap(set_launch_blocking) -> None:  # noqa: ANN001
     """NPUSIM_LAUNCH_BLOCKING=1 (set in process): replay() returns with the whole graph done, the side lane's
     copy included, in about one copy's time, as a blocking cudaGraphLaunch runs the graph's branches in parallel."""
-    with npusim.timing.model(copy_gbps=0.0005):  # ~130 ms per copy, modelled when the copies are captured
+    # ~130 ms per copy, modelled when the copies are captured, held in real time
+    with npusim.timing.model(copy_gbps=0.0005, realtime=True):
         g, src, dst = _two_lane_copies()
         torch.npu.synchronize()
         set_launch_blocking(True)
@@ -125,7 +127,7 @@ def test_waiting_on_unfinished_uncaptured_work_raises_cudas_isolation_error() ->
     other, capturing = torch.npu.Stream(), torch.npu.Stream(priority=-1)
     src = torch.randn(16 * 1024, device="npu")
     g = torch.npu.NPUGraph()
-    with npusim.timing.model(copy_gbps=0.0005):
+    with npusim.timing.model(copy_gbps=0.0005, realtime=True):
         torch.npu.synchronize()
         with torch.npu.stream(capturing):
             g.capture_begin()

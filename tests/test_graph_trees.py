@@ -174,7 +174,7 @@ def test_replay_sees_inputs_written_on_its_stream_and_not_those_of_another_witho
     with torch.no_grad():
         compiled(x)
         compiled(x)  # warm-up and record done
-        with npusim.timing.model(copy_gbps=0.0002):  # ~20 ms per 4 KiB copy
+        with npusim.timing.model(copy_gbps=0.0002, realtime=True):  # ~20 ms per 4 KiB copy
             new = torch.randn(64, 16, device="npu")
             x.copy_(new)  # on the calling stream
             torch.testing.assert_close(compiled(x).cpu(), model(new).cpu())

@@ -63,7 +63,7 @@ def test_replay_is_asynchronous_to_the_host() -> None:
     """replay() returns while the captured work is still pending on the stream."""
     src = torch.randn(64 * 1024, device="npu")
     dst = torch.empty_like(src)
-    with npusim.timing.model(copy_gbps=0.5):  # 256 KiB copy: about 0.5 ms of device time
+    with npusim.timing.model(copy_gbps=0.5, realtime=True):  # 256 KiB copy: about 0.5 ms of device time
         g, _ = _capture(lambda: dst.copy_(src))
         g.replay()
         assert torch.npu.current_stream().pending() == 1
@@ -282,7 +282,7 @@ def test_graph_tree_slow_copy_same_stream_is_ordered() -> None:
     """With copies slowed by the timing model, a replay on the copy's stream reads the new inputs."""
     shape = (64, 64)  # 16 KiB per input
     tree = _GraphTreeStep(shape)
-    with npusim.timing.model(copy_gbps=0.0002):  # ~80 ms per input copy
+    with npusim.timing.model(copy_gbps=0.0002, realtime=True):  # ~80 ms per input copy
         for step in range(2):
             inputs = _new_inputs(shape, step + 1)
             tree.copy_inputs(inputs)
@@ -302,7 +302,7 @@ def test_graph_tree_copy_on_other_stream_races_without_wait() -> None:
     torch.npu.synchronize()
     copy_stream = torch.npu.Stream()
     replay_stream = torch.npu.current_stream()
-    with npusim.timing.model(copy_gbps=0.0002):
+    with npusim.timing.model(copy_gbps=0.0002, realtime=True):
         new = _new_inputs(shape, 2)
         copy_stream.wait_stream(replay_stream)  # the new inputs were written on the replay stream
         with torch.npu.stream(copy_stream):

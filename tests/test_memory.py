@@ -87,7 +87,7 @@ def test_free_is_deferred_while_a_stream_may_use_the_block():
     torch.npu.synchronize()
     torch.npu.empty_cache()
     reserved = torch.npu.memory_reserved()
-    with npusim.timing.model(copy_gbps=0.1):
+    with npusim.timing.model(copy_gbps=0.1, realtime=True):
         b.copy_(a)
         del a  # the pending copy still reads a's bytes
         assert torch.npu.memory_reserved() == reserved
@@ -127,7 +127,7 @@ def test_deferred_free_survives_repeated_reclaims():
     src = torch.full((1024,), 5.0, device="npu")
     dst = torch.empty(1024, device="npu")
     torch.npu.synchronize()
-    with npusim.timing.model(launch_us=20000):
+    with npusim.timing.model(launch_us=20000, realtime=True):
         with torch.npu.stream(side):
             gate = torch.empty(16, device="npu")
             gate.copy_(torch.ones(16, device="npu"))  # a slow task ahead of the real copy

@@ -23,7 +23,7 @@ def test_cross_device_copy_is_stream_ordered_on_both_devices():
     """npu:0 -> npu:1 copies wait for dst's stream and are visible to dst's later work."""
     src = torch.full((MIB,), 6.0, device="npu:0")
     mid = torch.zeros(MIB, device="npu:1")
-    with npusim.timing.model(copy_gbps=0.05, link_gbps=0.05):
+    with npusim.timing.model(copy_gbps=0.05, link_gbps=0.05, realtime=True):
         mid.copy_(src)
         out = torch.zeros(MIB, device="npu:1")
         with torch.npu.device(1):

@@ -145,7 +145,7 @@ def test_ctrl_c_interrupts_a_synchronize():
         import torch, npusim
         x = torch.randn(1 << 18, device="npu")
         y = torch.empty_like(x)
-        npusim.timing.set(launch_us=60e6)
+        npusim.timing.set(launch_us=60e6, realtime=True)
         y.copy_(x)  # one task of a minute on the current stream
         npusim.timing.set()
         print("waiting", flush=True)
@@ -163,7 +163,7 @@ def test_ctrl_c_interrupts_a_blocking_launch():
         import torch, npusim
         x = torch.randn(1 << 18, device="npu")
         y = torch.empty_like(x)
-        npusim.timing.set(launch_us=60e6)
+        npusim.timing.set(launch_us=60e6, realtime=True)
         print("waiting", flush=True)
         y.copy_(x)  # one task of a minute: the launch returns only when it has run
         print("not interrupted", flush=True)

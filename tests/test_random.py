@@ -225,7 +225,7 @@ def test_random_ops_run_after_the_streams_earlier_work():
     target = torch.zeros(mib, device=NPU)
     sevens = torch.full((mib,), 7.0, device=NPU)
     torch.npu.synchronize()
-    with npusim.timing.model(copy_gbps=0.05):  # a 4 MiB copy takes about 84 ms of stream time
+    with npusim.timing.model(copy_gbps=0.05, realtime=True):  # a 4 MiB copy takes about 84 ms of stream time
         probs.copy_(ones)
         drawn = torch.bernoulli(probs)  # must read p = 1 everywhere
         target.copy_(sevens)

@@ -214,10 +214,13 @@ def steps_in_this_process(step: str, device: str, threads: int, untimed: int, ti
     return [timer.timeit(1) for _ in range(timed)]
 
 
-def _steps_in_a_fresh_process(step: str, device: str, threads: int, untimed: int, timed: int) -> list[float]:
+def steps_in_a_fresh_process(step: str, device: str, threads: int, untimed: int, timed: int,
+                             env: dict[str, str] | None = None) -> list[float]:
+    """steps_in_this_process in a fresh process, with ``env`` added to its environment."""
     command = [sys.executable, "-m", "npusim.bench.sim_cost", "--steps-of", step, device, str(threads),
                str(untimed), str(timed)]
-    out = subprocess.run(command, capture_output=True, text=True, timeout=600, check=False)
+    out = subprocess.run(command, capture_output=True, text=True, timeout=600, check=False,
+                         env={**os.environ, **(env or {})})
     if out.returncode != 0:
         raise RuntimeError(f"bench sim-cost: the {device} process timing the {step} step exited with "
                            f"{out.returncode}:\n{out.stderr[-2000:]}")
@@ -239,7 +242,7 @@ def _train_rows(min_run_time: float) -> tuple[list[Row], list[benchmark.Measurem
             for device in ("npu", "CPU") if i % 2 == 0 else ("CPU", "npu"):
                 print(f"      {row.step} step, {threads} thread(s), steps {row.untimed}-{row.untimed + row.timed - 1}, "
                       f"{device} process {i + 1} of {rounds}", flush=True)
-                times[device] += _steps_in_a_fresh_process(row.step, device.lower(), threads, row.untimed, row.timed)
+                times[device] += steps_in_a_fresh_process(row.step, device.lower(), threads, row.untimed, row.timed)
         sub_label = f"{row.sub}, {threads} thread(s)"
         npu, cpu = (report.measurement(times[d], label=row.what, sub_label=sub_label, description=d,
                                        num_threads=threads) for d in ("npu", "CPU"))

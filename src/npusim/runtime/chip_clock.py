@@ -49,3 +49,32 @@ def host_ns_to_chip_ns(ns: int) -> int:
         return ns
     i = bisect.bisect_right(times, ns) - 1
     return anchor_ns + round((chip_us[max(i, 0)] - anchor_us) * 1e3)
+
+
+# Kineto's categories of device activities (npusim's kernels, copies and syncs), which carry chip
+# times already; every other event of a Chrome trace is the host's.
+DEVICE_CATEGORIES = frozenset({"kernel", "gpu_memcpy", "gpu_memset", "cuda_sync"})
+
+
+def map_chrome_trace(trace: dict) -> dict:
+    """Puts the host events of a Chrome trace that torch.profiler exported (``export_chrome_trace``)
+    on the chip clock, in place: each host event's start and end go through
+    :func:`host_ns_to_chip_ns`. Call it in the process that recorded the trace (the samples are
+    its own)."""
+    base_ns = int(trace.get("baseTimeNanoseconds", 0))
+    refresh()
+
+    def chip_us(ts_us: float) -> float:
+        return (host_ns_to_chip_ns(base_ns + round(ts_us * 1e3)) - base_ns) / 1e3
+
+    for event in trace.get("traceEvents", []):
+        if event.get("cat") in DEVICE_CATEGORIES or "ts" not in event or event.get("ph") == "M":
+            continue
+        start = float(event["ts"])
+        if event.get("ph") == "X":
+            end = chip_us(start + float(event.get("dur", 0)))
+            event["ts"] = chip_us(start)
+            event["dur"] = max(end - event["ts"], 0.0)
+        elif event.get("ph") != "f":  # a flow's end sits on its device activity
+            event["ts"] = chip_us(start)
+    return trace

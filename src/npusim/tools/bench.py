@@ -10,6 +10,7 @@ import importlib
 BENCHMARKS: dict[str, str] = {
     "matmul": "npusim.bench.matmul",  # compute on npu vs CPU
     "sim-cost": "npusim.bench.sim_cost",  # every row of the simulation-cost table, npu vs CPU
+    "chip-clock": "npusim.bench.chip_clock",  # a training step with the chip clock on vs off
     "foreach-copy": "npusim.bench.foreach_copy",  # _foreach_copy_ host time per route vs CPU native
     "fsdp-copy-in": "npusim.bench.fsdp_copy_in",  # host time blocked in all-gather copy-in
     "fsdp-step": "npusim.bench.fsdp_step",  # FSDP2 step time npu vs CPU+gloo

@@ -1,18 +1,22 @@
-"""``python -m npusim timeline``: one FSDP2 step per kernel mode as a stream timeline picture.
+"""``python -m npusim timeline``: one FSDP2 step per kernel mode as a stream timeline picture, in chip time.
 
-Two ranks train a TinyTransformer with PyTorch's own ``fully_shard`` under the timing model, with
-compute tasks lasting their ops' modelled time on the profile's chip (the Ascend910B2 of
-``training_soc`` by default; Note [Compute cost model]). Rank 0 profiles one step for each of the
-aligned kernel, the legacy kernel, and the legacy kernel with the historical patch, and writes each
-Chrome trace (``timeline-<config>.json``), where every device task is an activity on its stream's
-row (Note [Device tasks in torch.profiler]). The picture (``timeline.png``) draws, per
-configuration, one lane per stream of device 0: compute (the default stream; forward, backward
-and optimizer work coloured apart by the op that launched it), FSDP2's all-gather copy-in,
-all-gather and reduce-scatter streams, the collectives' row, and the host lane with the time the
-host spends in the ``_foreach_copy_`` routes (in legacy mode it waits there for the copy, which
-the alignment removes). ``timeline-summary.json`` holds, per configuration, the step time, the
-host time in ``_foreach_copy_`` and the exposed communication time: collective time during which
-the compute stream is idle.
+Two ranks train a TinyTransformer with PyTorch's own ``fully_shard`` under the timing model on the
+chip clock (Note [Chip clock] in csrc/runtime/chip_clock.cpp): compute tasks last their ops'
+modelled time on the profile's chip (the Ascend910B2 of ``training_soc`` by default; Note [Compute
+cost model]), copies their bytes at the chip's copy bandwidth, collectives HCCL's algorithm over
+the profile's links (Note [Collective cost model]), and the host pays the profile's cost per launch.
+Rank 0 profiles one step for each of the aligned kernel, the legacy kernel, and the legacy kernel
+with the historical patch, and writes each Chrome trace (``timeline-<config>.json``, host and device
+on the chip's time axis), where every device task is an activity on its stream's row (Note [Device
+tasks in torch.profiler]). The picture (``timeline.png``) draws, per configuration, one lane per
+stream of device 0: compute (the default stream; forward, backward and optimizer work coloured apart
+by the op that launched it), FSDP2's all-gather copy-in, all-gather and reduce-scatter streams, the
+collectives' row, and the host lane with the time the host spends in the ``_foreach_copy_`` routes
+(in legacy mode it waits there for the copy, which the alignment removes). ``timeline-summary.json``
+holds, per configuration, the step time, the host time in ``_foreach_copy_``, the exposed
+communication time (collective time during which the compute stream is idle) and the step's
+Overlap Analysis as MindStudio Insight shows it (Note [Overlap Analysis figures]). The figures are
+the chip's and the same in every run.
 """
 
 from __future__ import annotations
@@ -25,6 +29,7 @@ from typing import Any, NamedTuple
 
 import torch
 
+from npusim.runtime import overlap
 from npusim.runtime.profiles import make_profile
 from npusim.testing.ranks import run_ranks
 
@@ -40,11 +45,14 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--dim", type=int, default=256)
     parser.add_argument("--blocks", type=int, default=3)
     parser.add_argument("--profile", default="training_soc", help="the chip whose compute cost the model uses")
-    parser.add_argument("--copy-gbps", type=float, default=1.0, help="timing model: device copy bandwidth")
-    parser.add_argument("--link-gbps", type=float, default=2.0, help="timing model: collective link bandwidth")
+    parser.add_argument("--copy-gbps", type=float, default=None,
+                        help="timing model: device copy bandwidth (default: half the chip's HBM bandwidth, "
+                             "as a copy reads and writes each byte)")
+    parser.add_argument("--link-gbps", type=float, default=0.0,
+                        help="timing model: collective link bandwidth (default 0: the profile's HCCS and RoCE links)")
     parser.add_argument("--launch-us", type=float, default=10.0, help="timing model: latency of each task")
     parser.add_argument("--no-compute", dest="compute", action="store_false",
-                        help="compute tasks take their host time, not the chip's modelled time")
+                        help="compute tasks take no chip time (only copies, collectives and launches are timed)")
     parser.add_argument("--timeout", type=float, default=240.0)
 
 
@@ -54,11 +62,13 @@ def _job(rank: int, world: int, args: argparse.Namespace, out: str) -> dict[str,
 
     import npusim
     from npusim.distributed.historical_patch import historical_patch
+    from npusim.runtime.chip_clock import map_chrome_trace
     from npusim.testing.fsdp_harness import sharded_step
 
-    npusim.set_profile(args.profile)
+    chip = npusim.set_profile(args.profile)
+    copy_gbps = args.copy_gbps if args.copy_gbps is not None else chip.hbm_gbps / 2
     model, step = sharded_step(rank, args.dim, args.blocks)
-    with npusim.timing.model(copy_gbps=args.copy_gbps, launch_us=args.launch_us, link_gbps=args.link_gbps,
+    with npusim.timing.model(copy_gbps=copy_gbps, launch_us=args.launch_us, link_gbps=args.link_gbps,
                              compute=args.compute):
         step()  # warm-up: lazy initialization (FSDP2 creates its streams) out of the picture
         comm = model._get_fsdp_state()._comm_ctx
@@ -76,7 +86,9 @@ def _job(rank: int, world: int, args: argparse.Namespace, out: str) -> dict[str,
                 with profile(activities=[ProfilerActivity.CPU, ProfilerActivity.PrivateUse1]) as prof:
                     step()
             if rank == 0:
-                prof.export_chrome_trace(str(Path(out) / f"timeline-{config.replace(' + ', '+')}.json"))
+                path = Path(out) / f"timeline-{config.replace(' + ', '+')}.json"
+                prof.export_chrome_trace(str(path))
+                path.write_text(json.dumps(map_chrome_trace(json.loads(path.read_text()))))  # host on chip time
     return streams
 
 
@@ -85,6 +97,7 @@ class Bar(NamedTuple):
     duration_us: float
     name: str
     phase: str = ""  # compute bars: forward, backward or optimizer
+    category: str = ""  # device bars: the profiler's category (kernel, gpu_memcpy)
 
 
 def _phases(trace: list[dict[str, Any]]) -> dict[int, str]:
@@ -124,7 +137,7 @@ def lanes_of(trace: list[dict[str, Any]], streams: dict[str, int]) -> dict[str, 
         if e.get("cat") in DEVICE_CATEGORIES and e.get("pid") == 0 and e.get("tid") in by_row:
             lane = by_row[e["tid"]]
             phase = phases.get(e["args"].get("External id", -1), "forward") if lane == COMPUTE else ""
-            lanes[lane].append(Bar(start, e["dur"], e["name"], phase))
+            lanes[lane].append(Bar(start, e["dur"], e["name"], phase, e["cat"]))
         elif str(e.get("name", "")).startswith("npusim::foreach_copy["):
             lanes[HOST].append(Bar(start, e["dur"], e["name"]))
     return lanes
@@ -152,14 +165,22 @@ def exposed_us(busy: list[Bar], cover: list[Bar]) -> float:
 
 
 def summarize(lanes: dict[str, list[Bar]]) -> dict[str, float]:
-    """Step, host-in-_foreach_copy_, compute and exposed communication times of one trace, in ms."""
+    """Step, host-in-_foreach_copy_, compute and exposed communication times of one trace, and its
+    Overlap Analysis (computing: kernels on any stream; Note [Overlap Analysis figures]), in ms."""
     end = max((b.start_us + b.duration_us for bars in lanes.values() for b in bars), default=0.0)
+    kernels = [(b.start_us, b.start_us + b.duration_us) for lane, bars in lanes.items()
+               if lane not in (HOST, COLLECTIVES) for b in bars if b.category == "kernel"]
+    figures = overlap.step_figures(kernels, [(b.start_us, b.start_us + b.duration_us) for b in lanes[COLLECTIVES]])
     return {
         "step_ms": end / 1e3,
         "host_in_foreach_copy_ms": sum(b.duration_us for b in lanes[HOST]) / 1e3,
         "compute_ms": sum(e - s for s, e in _union(lanes[COMPUTE])) / 1e3,
         "collectives_ms": sum(e - s for s, e in _union(lanes[COLLECTIVES])) / 1e3,
         "exposed_communication_ms": exposed_us(lanes[COLLECTIVES], lanes[COMPUTE]) / 1e3,
+        "overlap_computing_ms": figures.computing / 1e3,
+        "overlap_communication_ms": figures.communication / 1e3,
+        "overlap_communication_not_overlapped_ms": figures.communication_not_overlapped / 1e3,
+        "overlap_free_ms": figures.free / 1e3,
     }
 
 
@@ -176,12 +197,14 @@ def _plot(out: Path, lanes_by_config: dict[str, dict[str, list[Bar]]], title: st
     for ax, (config, lanes) in zip(axes, lanes_by_config.items(), strict=True):
         figures = summarize(lanes)
         for y, (lane, bars) in enumerate(reversed(list(lanes.items()))):
-            ax.broken_barh([(b.start_us / 1e3, max(b.duration_us / 1e3, 0.02)) for b in bars], (y - 0.35, 0.7),
+            ax.broken_barh([(b.start_us / 1e3, max(b.duration_us / 1e3, 0.0005)) for b in bars], (y - 0.35, 0.7),
                            facecolors=[PHASE_COLORS[b.phase] if b.phase else colors[lane] for b in bars])
         ax.set_yticks(range(len(lanes)), list(reversed(list(lanes))))
-        ax.set_title(f"{config}: step {figures['step_ms']:.1f} ms, exposed communication "
-                     f"{figures['exposed_communication_ms']:.1f} ms, host in _foreach_copy_ "
-                     f"{figures['host_in_foreach_copy_ms']:.1f} ms (rank 0)", fontsize=10, loc="left")
+        ax.set_title(f"{config}: step {figures['step_ms']:.3f} ms; computing {figures['overlap_computing_ms']:.3f}, "
+                     f"communication {figures['overlap_communication_ms']:.3f} (not overlapped "
+                     f"{figures['overlap_communication_not_overlapped_ms']:.3f}), free "
+                     f"{figures['overlap_free_ms']:.3f}; host in _foreach_copy_ "
+                     f"{figures['host_in_foreach_copy_ms']:.3f} ms (rank 0, chip time)", fontsize=9, loc="left")
         ax.grid(axis="x", alpha=0.3)
     axes[0].legend(handles=[Patch(color=c, label=f"compute: {p}") for p, c in PHASE_COLORS.items()],
                    loc="upper right", fontsize=8, ncol=3)
@@ -209,9 +232,12 @@ def run(args: argparse.Namespace) -> int:
                                         for lane, bars in lanes.items()))
         print("  " + ", ".join(f"{key} {value:.2f}" for key, value in summary[config].items()))
     (out / "timeline-summary.json").write_text(json.dumps(summary, indent=2))
-    cost = f"{make_profile(args.profile).soc_name} compute cost model" if args.compute else "host-timed compute"
-    title = (f"One FSDP2 step, 2 ranks, TinyTransformer dim {args.dim} x {args.blocks} blocks; {cost} "
-             f"(profile {args.profile}), launch {args.launch_us:g} us, copy {args.copy_gbps:g} GB/s, "
-             f"link {args.link_gbps:g} GB/s")
+    profile = make_profile(args.profile)
+    cost = f"{profile.soc_name} compute cost model" if args.compute else "compute untimed"
+    copy_gbps = args.copy_gbps if args.copy_gbps is not None else profile.hbm_gbps / 2
+    link = f"link {args.link_gbps:g} GB/s" if args.link_gbps > 0 else "the profile's HCCS links"
+    title = (f"One FSDP2 step in chip time, 2 ranks, TinyTransformer dim {args.dim} x {args.blocks} blocks; {cost} "
+             f"(profile {args.profile}), launch {args.launch_us:g} us, host {profile.host_launch_us:g} us a launch, "
+             f"copy {copy_gbps:g} GB/s, {link}")
     print(f"wrote {_plot(out, lanes_by_config, title)}, the traces timeline-*.json and timeline-summary.json")
     return 0

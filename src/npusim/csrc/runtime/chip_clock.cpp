@@ -88,12 +88,15 @@ int64_t g_anchor_ns = 0;
 double g_anchor_chip_us = 0.0;
 std::vector<std::pair<int64_t, double>>& g_samples = *new std::vector<std::pair<int64_t, double>>();
 
+// Samples are kept while a recording that began on the chip clock goes on.
 void sample_host_clock(double chip_us) {
   if (!recording_device_activities()) {
     return;
   }
   std::lock_guard<std::mutex> lock(g_axis_mutex);
-  g_samples.emplace_back(c10::getTime(), chip_us);
+  if (!g_samples.empty()) {
+    g_samples.emplace_back(c10::getTime(), chip_us);
+  }
 }
 
 // Moves the host clock to max(clock, chip_us) or on by `us`; returns the old value.
@@ -214,7 +217,9 @@ void anchor_profiler_axis() {
   g_anchor_ns = c10::getTime();
   g_anchor_chip_us = host_clock_us();
   g_samples.clear();
-  g_samples.emplace_back(g_anchor_ns, g_anchor_chip_us);
+  if (chip_clock_on()) {
+    g_samples.emplace_back(g_anchor_ns, g_anchor_chip_us);
+  }
 }
 
 int64_t chip_us_to_profiler_ns(double chip_us) {

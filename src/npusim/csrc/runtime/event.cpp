@@ -203,7 +203,8 @@ double event_elapsed_ms(const NpuEvent& start, const NpuEvent& end) {
 void stream_wait_stream(NpuStream& waiter, NpuStream& target) {
   // A captured target's query() says idle (its tasks are recorded, not queued),
   // yet the wait is the dependency the capture needs: a fork or a join.
-  if (&waiter == &target || (target.capture() == nullptr && target.query())) {
+  // Under the chip clock an idle target's work still ends at a chip time the waiter must wait for.
+  if (&waiter == &target || (target.capture() == nullptr && target.query() && !chip_clock_on())) {
     return;
   }
   NpuEvent event;
