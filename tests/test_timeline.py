@@ -38,8 +38,11 @@ def test_timeline_has_compute_lanes_per_mode(tmp_path: Path):
     picture and a summary; compute ops are on the default stream's lane, forward and backward, and the
     collectives on theirs; legacy mode's host waits in each _foreach_copy_ until its copy has finished
     (its range ends, on the chip's axis, where the copy ends), aligned mode's host only pays its launch.
-    Nothing is slowed down to stay above this machine's noise: the chip clock has none."""
-    code = cli.main(["timeline", "--out", str(tmp_path), "--dim", "32", "--blocks", "1", "--timeout", "180"])
+    Nothing is slowed down to stay above this machine's noise: the chip clock has none. A 200 us launch
+    latency per task makes this tiny model's device slower than its host, as a real model's is, so that
+    the device has a backlog for legacy mode to wait for."""
+    code = cli.main(["timeline", "--out", str(tmp_path), "--dim", "32", "--blocks", "1", "--launch-us", "200",
+                     "--timeout", "180"])
     assert code == 0
     assert (tmp_path / "timeline.png").stat().st_size > 10_000
     summary = json.loads((tmp_path / "timeline-summary.json").read_text())

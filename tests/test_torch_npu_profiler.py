@@ -341,3 +341,37 @@ def test_all_reduce_of_two_ranks_is_in_communication_json(tmp_path: Path):
         assert collective["Total Op Info"]["Communication Time Info"]["Elapse Time(ms)"] == time_info["Elapse Time(ms)"]
         (row,) = result["steps"]
         assert row["Step"] == "0" and float(row["Communication"]) > 0
+
+
+PROFILED_SCRIPT = Path(__file__).parent / "scripts" / "torch_npu_profiled_train.py"
+
+
+def _profiled_run(out: Path) -> tuple[list[dict[str, Any]], list[dict[str, str]]]:
+    """tests/scripts/torch_npu_profiled_train.py under ``npusim run`` on the chip clock: its step times by
+    NPU events and the rows of the step_trace_time.csv it wrote."""
+    import sys
+
+    from npusim.testing.torchrun import run_bounded
+
+    result = run_bounded([sys.executable, "-m", "npusim", "run", str(PROFILED_SCRIPT), str(out)], 240,
+                         env={"NPUSIM_TIMING": "launch_us=10,compute=1"})
+    assert result.returncode == 0, result.stderr[-3000:]
+    steps = [json.loads(line) for line in result.stdout.splitlines() if line.startswith("{")]
+    (prof_dir,) = out.glob("*_ascend_pt")
+    for name in ("trace_view.json", "kernel_details.csv", "op_statistic.csv", "operator_details.csv"):
+        assert (prof_dir / OUTPUT / name).stat().st_size > 0, name
+    return steps, _read_csv(prof_dir / OUTPUT / "step_trace_time.csv")[1]
+
+
+def test_a_torch_npu_script_under_npusim_run_writes_chip_figures_that_repeat(tmp_path: Path):
+    """An unmodified torch_npu script (schedule, tensorboard_trace_handler) under ``npusim run`` with the
+    timing model on writes the *_ascend_pt files; its profiled steps' figures are chip time: each step's
+    device span (Stage) fits in the step's time by NPU events, and two runs write the same rows."""
+    steps, rows = _profiled_run(tmp_path / "first")
+    again_steps, again_rows = _profiled_run(tmp_path / "second")
+    assert (steps, rows) == (again_steps, again_rows)
+    assert [row["Step"] for row in rows] == ["2", "3"]
+    step_us = {str(s["step"]): s["ms"] * 1e3 for s in steps}
+    for row in rows:
+        assert 0 < float(row["Computing"]) <= float(row["Stage"]) <= step_us[row["Step"]]
+        assert float(row["Computing"]) + float(row["Free"]) == pytest.approx(float(row["Stage"]), abs=2e-3)

@@ -41,7 +41,6 @@ WORKLOADS = (
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--rounds", type=int, default=3, help="fresh processes per setting and workload (default 3)")
-    parser.add_argument("--out", default="bench-out", help="directory for chip_clock.json and chip_clock.png")
 
 
 def run(args: argparse.Namespace) -> int:

@@ -152,6 +152,8 @@ timing_model: Callable[[], tuple[float, float, float]] = C.timing_model
 # global ranks) -> us (None: the link bandwidth alone); the profiler axis' anchor (profiler ns,
 # chip us) and the host clock's samples since it was anchored.
 set_chip_clock: Callable[[bool, bool, float, float], None] = C.set_chip_clock
+# The compute-cost hook's answers, cached per meta plan, are stale (the profile changed).
+invalidate_compute_costs: Callable[[], None] = C.invalidate_compute_costs
 chip_clock: Callable[[], tuple[bool, bool, float, float]] = C.chip_clock
 host_clock_us: Callable[[], float] = C.host_clock_us
 stream_clock_us: Callable[[int, int], float] = C.stream_clock_us

@@ -220,6 +220,7 @@ def _activate(profile: Profile) -> Profile:
                                 profile.sync_timeout_s)
     # The chip clock's host figures are the profile's (Note [Chip clock]); the timing model's
     # own settings (on, realtime, the host mode) stay.
+    acl.invalidate_compute_costs()  # a compute task's cost is the profile's chip's
     on, realtime, _, cpu_factor = acl.chip_clock()
     acl.set_chip_clock(on, realtime, profile.host_launch_us, profile.host_cpu_factor if cpu_factor > 0 else 0.0)
     _current = profile

@@ -78,6 +78,11 @@ struct MetaPlan {
   std::vector<PlannedTensor> outputs;  // in return order, lists flattened
   c10::SmallVector<int32_t, 4> list_sizes;  // per return: -1 a tensor (or None), n a list of n
   c10::SmallVector<size_t, 4> fresh_nbytes;  // per fresh storage
+  // The timing model's compute cost of the op with these arguments (the cost
+  // hook's answer for epoch `cost_epoch`; 0: none yet): a cached plan is asked
+  // again only when the model or the profile changed (Note [Chip clock]).
+  mutable double duration_us = 0.0;
+  mutable uint64_t cost_epoch = 0;
 };
 
 // This thread's cached plan for `key`, or null.

@@ -151,24 +151,35 @@ class BoxedLaunch {
 
   // The outputs' plan, from the cache or the Meta kernel; null when the op
   // must run on the host (why_host() says why).
+  // With the timing model's compute cost on, the plan carries the op's
+  // duration, asked of the cost hook once per plan and cost epoch.
   const MetaPlan* plan() {
-    const bool hook = compute_cost_hook() != nullptr;
-    if (!hook) {
-      if (const MetaPlan* cached = find_meta_plan(args_.key())) {
-        why_host_ = kNoMeta;
-        return cached->host_only ? nullptr : cached;
-      }
+    const ComputeCostHook hook = compute_cost_hook();
+    const uint64_t epoch = hook != nullptr ? compute_cost_epoch() : 0;
+    const MetaPlan* cached = find_meta_plan(args_.key());
+    if (cached != nullptr && (cached->host_only || cached->cost_epoch == epoch)) {
+      why_host_ = kNoMeta;
+      return cached->host_only ? nullptr : cached;
     }
     MetaPlan plan;
     try {
-      run_meta(hook);
+      run_meta(hook != nullptr);
       args_.plan_from_meta(meta_outputs_, plan);
+      if (hook != nullptr) {
+        plan.duration_us = hook(op_, meta_inputs_, meta_outputs_);
+        plan.cost_epoch = epoch;
+      }
     } catch (const std::exception& e) {
       why_host_ = c10::str(kNoMeta, ": ", first_line(e.what()));
       plan = MetaPlan();
       plan.host_only = true;
     }
-    if (args_.key().cacheable() && !hook && !args_.resizes_arguments()) {
+    if (cached != nullptr && !plan.host_only) {  // a plan of an earlier cost epoch: its cost is renewed
+      cached->duration_us = plan.duration_us;
+      cached->cost_epoch = plan.cost_epoch;
+      return cached;
+    }
+    if (args_.key().cacheable() && !args_.resizes_arguments()) {
       const MetaPlan* stored = store_meta_plan(args_.key(), std::move(plan));
       return stored->host_only ? nullptr : stored;
     }
@@ -236,8 +247,7 @@ class BoxedLaunch {
     // A pure view (nothing written, every output an argument's storage)
     // needs no task; an op without outputs runs for its effect (an assert).
     if (args_.written() || !task->fresh.empty() || plan.outputs.empty()) {
-      const ComputeCostHook hook = compute_cost_hook();
-      const double duration_us = hook != nullptr ? hook(op_, meta_inputs_, meta_outputs_) : 0.0;
+      const double duration_us = compute_cost_hook() != nullptr ? plan.duration_us : 0.0;
       stream.enqueue([task = std::shared_ptr<const OpTask>(std::move(task))] { task->run(); }, duration_us,
           traits_.name);
     }
@@ -452,8 +462,21 @@ class BoxedLaunch {
 
 }  // namespace
 
+namespace {
+std::atomic<uint64_t> g_compute_cost_epoch{1};
+}  // namespace
+
 void set_compute_cost_hook(ComputeCostHook hook) {
+  invalidate_compute_costs();
   g_compute_cost_hook.store(hook, std::memory_order_release);
+}
+
+void invalidate_compute_costs() {
+  g_compute_cost_epoch.fetch_add(1, std::memory_order_acq_rel);
+}
+
+uint64_t compute_cost_epoch() {
+  return g_compute_cost_epoch.load(std::memory_order_acquire);
 }
 
 ComputeCostHook compute_cost_hook() {

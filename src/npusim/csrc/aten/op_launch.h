@@ -38,6 +38,10 @@ namespace npusim {
 using ComputeCostHook = double (*)(const c10::OperatorHandle& op, const std::vector<c10::IValue>& meta_inputs,
     const std::vector<c10::IValue>& meta_outputs);
 void set_compute_cost_hook(ComputeCostHook hook);
+// The hook's answers so far are stale (the timing model or the profile changed).
+void invalidate_compute_costs();
+// The current costs' epoch (never 0).
+uint64_t compute_cost_epoch();
 ComputeCostHook compute_cost_hook();
 
 // ---- launching ------------------------------------------------------------------

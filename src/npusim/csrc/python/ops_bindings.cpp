@@ -64,6 +64,8 @@ void init_ops_bindings(py::module& m) {
     npusim::set_compute_cost_hook(&call_compute_cost_function);
   });
 
+  m.def("invalidate_compute_costs", &npusim::invalidate_compute_costs);
+
   // random numbers: the Python torch.Generator of a device's default generator
   m.def("default_generator", [](int device) { return npusim::default_generator(device); });
 

@@ -96,7 +96,8 @@ ActivityKind activity_kind(const char* label) {
   if (name.rfind("copy", 0) == 0 || name.rfind("memcpy", 0) == 0) {
     return ActivityKind::kMemcpy;
   }
-  if (name == "event_record" || name == "wait_event") {
+  // A stream's waits for a collective and its hand-off of a collective's inputs synchronize too.
+  if (name == "event_record" || name == "wait_event" || name == "wait_collective" || name == "collective_inputs") {
     return ActivityKind::kSync;
   }
   return ActivityKind::kKernel;
