@@ -111,3 +111,21 @@ def test_fsdp2_overlaps_collectives_with_compute():
         assert LINEARS * COMPUTE_MS <= times["forward"] <= fwd_expected, times
         assert LINEARS * (COMM_MS + COMPUTE_MS) > fwd_expected  # the bound rules the serial order out
         assert 3 * LINEARS * COMPUTE_MS <= times["forward_backward"] <= fwd_expected + bwd_expected, times
+
+
+# The host's part of a step on the chip clock: the launches of the few small ops around each sleep.
+CHIP_CLOCK_HOST_MS = 3
+
+
+def test_fsdp2_overlap_in_chip_time_is_exact_and_the_same_on_every_rank():
+    """The same pattern on the chip clock (Note [Chip clock]): torch.npu._sleep holds its stream for exactly
+    its cycles at the profile's clock, whatever this machine's load, so forward is one exposed all-gather
+    plus the compute, within the host's launches, and both ranks measure the same times."""
+    times = run_ranks(_overlap_job, timeout=120, env={"NPUSIM_TIMING": "launch_us=1"})
+    assert times[0] == times[1], times
+    forward, forward_backward = times[0]["forward"], times[0]["forward_backward"]
+    assert COMM_MS + LINEARS * COMPUTE_MS <= forward <= COMM_MS + LINEARS * COMPUTE_MS + CHIP_CLOCK_HOST_MS, times
+    # Backward: its compute, the first all-gather (resharded parameters) and the last reduce-scatter exposed.
+    backward_floor = LINEARS * 2 * COMPUTE_MS + COMM_MS
+    backward = forward_backward - forward
+    assert backward_floor <= backward <= backward_floor + COMM_MS + CHIP_CLOCK_HOST_MS, times
