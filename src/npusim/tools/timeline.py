@@ -236,7 +236,7 @@ def run(args: argparse.Namespace) -> int:
     cost = f"{profile.soc_name} compute cost model" if args.compute else "compute untimed"
     copy_gbps = args.copy_gbps if args.copy_gbps is not None else profile.hbm_gbps / 2
     link = f"link {args.link_gbps:g} GB/s" if args.link_gbps > 0 else "the profile's HCCS links"
-    title = (f"One FSDP2 step in chip time, 2 ranks, TinyTransformer dim {args.dim} x {args.blocks} blocks; {cost} "
+    title = (f"One FSDP2 step in chip time, 2 ranks, TinyTransformer dim {args.dim} x {args.blocks} blocks;\n{cost} "
              f"(profile {args.profile}), launch {args.launch_us:g} us, host {profile.host_launch_us:g} us a launch, "
              f"copy {copy_gbps:g} GB/s, {link}")
     print(f"wrote {_plot(out, lanes_by_config, title)}, the traces timeline-*.json and timeline-summary.json")
