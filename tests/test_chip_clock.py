@@ -7,6 +7,7 @@ import json
 import subprocess
 import sys
 import tempfile
+import time
 from pathlib import Path
 from typing import Any
 
@@ -68,6 +69,34 @@ def test_the_host_pays_launches_and_jumps_at_waits():
         # issue, two launches after the first.
         assert start <= host and end == host + 2 * cost + 1000.0
         assert stream.query()
+
+
+def _host_time_of_a_busy_gap(host: str, busy_s: float) -> float:
+    """How far the host's chip clock moves over one launch that follows ``busy_s`` of this thread's CPU."""
+    x = torch.ones(16, device="npu")
+    torch.npu.synchronize()
+    with npusim.timing.model(launch_us=LAUNCH_US, host=host):
+        x.add_(1)  # the measured mode counts from a thread's previous launch
+        before = npusim.timing.host_clock_us()
+        start = time.thread_time()
+        while time.thread_time() - start < busy_s:
+            pass
+        x.add_(1)
+        return npusim.timing.host_clock_us() - before
+
+
+def test_the_measured_host_mode_adds_this_cpus_time_between_launches():
+    """host="measured" adds the launching thread's CPU time since its previous launch, scaled by the
+    profile's host_cpu_factor, to the launch's cost; the default mode charges the launch alone."""
+    profile = get_profile()
+    assert _host_time_of_a_busy_gap("launch", 0.02) == profile.host_launch_us
+    measured = _host_time_of_a_busy_gap("measured", 0.02)
+    assert measured >= profile.host_launch_us + 0.02e6 * profile.host_cpu_factor
+    assert npusim.timing.parse("launch_us=1,host=measured").host == "measured"
+    with pytest.raises(ValueError, match="NPUSIM_TIMING host: expected one of launch, measured, got 'fast'"):
+        npusim.timing.parse("host=fast")
+    with pytest.raises(ValueError, match="host must be one of"):
+        npusim.timing.set(launch_us=1, host="fast")
 
 
 def test_waits_carry_chip_time_between_streams():

@@ -346,21 +346,28 @@ def test_all_reduce_of_two_ranks_is_in_communication_json(tmp_path: Path):
 PROFILED_SCRIPT = Path(__file__).parent / "scripts" / "torch_npu_profiled_train.py"
 
 
-def _profiled_run(out: Path) -> tuple[list[dict[str, Any]], list[dict[str, str]]]:
-    """tests/scripts/torch_npu_profiled_train.py under ``npusim run`` on the chip clock: its step times by
-    NPU events and the rows of the step_trace_time.csv it wrote."""
+def _profiled_run(out: Path, *launch: str) -> tuple[list[dict[str, Any]], dict[str, list[dict[str, str]]]]:
+    """tests/scripts/torch_npu_profiled_train.py under ``npusim run`` (under ``torchrun *launch`` if given)
+    on the chip clock: each step's time by NPU events, and the rows of each *_ascend_pt directory's
+    step_trace_time.csv by its profiler_info file name (one per rank)."""
     import sys
 
     from npusim.testing.torchrun import run_bounded
 
-    result = run_bounded([sys.executable, "-m", "npusim", "run", str(PROFILED_SCRIPT), str(out)], 240,
+    runner = [sys.executable, "-m", "torch.distributed.run", *launch] if launch else [sys.executable]
+    result = run_bounded([*runner, "-m", "npusim", "run", str(PROFILED_SCRIPT), str(out)], 240,
                          env={"NPUSIM_TIMING": "launch_us=10,compute=1"})
     assert result.returncode == 0, result.stderr[-3000:]
-    steps = [json.loads(line) for line in result.stdout.splitlines() if line.startswith("{")]
-    (prof_dir,) = out.glob("*_ascend_pt")
-    for name in ("trace_view.json", "kernel_details.csv", "op_statistic.csv", "operator_details.csv"):
-        assert (prof_dir / OUTPUT / name).stat().st_size > 0, name
-    return steps, _read_csv(prof_dir / OUTPUT / "step_trace_time.csv")[1]
+    # Two ranks' lines may interleave on torchrun's stdout: each step is one flat JSON object.
+    steps = [json.loads(obj) for obj in re.findall(r"\{[^{}]*\}", result.stdout)]
+    rows = {}
+    for prof_dir in sorted(out.glob("*_ascend_pt")):
+        expected = ["trace_view.json", "kernel_details.csv", "op_statistic.csv", "operator_details.csv"]
+        for name in expected + (["communication.json"] if launch else []):
+            assert (prof_dir / OUTPUT / name).stat().st_size > 0, (prof_dir, name)
+        (info,) = prof_dir.glob("profiler_info*.json")
+        rows[info.name] = _read_csv(prof_dir / OUTPUT / "step_trace_time.csv")[1]
+    return steps, rows
 
 
 def test_a_torch_npu_script_under_npusim_run_writes_chip_figures_that_repeat(tmp_path: Path):
@@ -368,10 +375,32 @@ def test_a_torch_npu_script_under_npusim_run_writes_chip_figures_that_repeat(tmp
     timing model on writes the *_ascend_pt files; its profiled steps' figures are chip time: each step's
     device span (Stage) fits in the step's time by NPU events, and two runs write the same rows."""
     steps, rows = _profiled_run(tmp_path / "first")
-    again_steps, again_rows = _profiled_run(tmp_path / "second")
-    assert (steps, rows) == (again_steps, again_rows)
-    assert [row["Step"] for row in rows] == ["2", "3"]
+    assert (steps, rows) == _profiled_run(tmp_path / "second")
+    (written,) = rows.values()
+    assert [row["Step"] for row in written] == ["2", "3"]
     step_us = {str(s["step"]): s["ms"] * 1e3 for s in steps}
-    for row in rows:
+    for row in written:
         assert 0 < float(row["Computing"]) <= float(row["Stage"]) <= step_us[row["Step"]]
         assert float(row["Computing"]) + float(row["Free"]) == pytest.approx(float(row["Stage"]), abs=2e-3)
+
+
+@pytest.mark.asynchronous
+def test_the_same_script_on_two_ranks_under_torchrun_writes_communication(tmp_path: Path):
+    """Under ``torchrun --nproc-per-node 2 -m npusim run``, each rank writes its own directory with
+    communication.json; its steps communicate (the gradients' all_reduce on the chip clock) and both ranks
+    report the same step times and figures."""
+    import socket
+
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        port = sock.getsockname()[1]
+    steps, rows = _profiled_run(tmp_path, "--nproc-per-node", "2", "--master-addr", "127.0.0.1",
+                                "--master-port", str(port))
+    assert sorted(rows) == ["profiler_info_0.json", "profiler_info_1.json"]
+    first, second = rows.values()
+    assert [row["Device_id"] for row in first + second] == ["0", "0", "1", "1"]
+    same = [{k: v for k, v in row.items() if k != "Device_id"} for row in first + second]
+    assert same[:2] == same[2:] and [row["Step"] for row in first] == ["2", "3"]
+    assert all(float(row["Communication"]) > 0 for row in first)
+    by_rank = [[s["ms"] for s in steps if s["rank"] == rank] for rank in (0, 1)]
+    assert by_rank[0] == by_rank[1] and len(by_rank[0]) == 4

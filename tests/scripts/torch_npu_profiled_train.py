@@ -1,14 +1,22 @@
 """A torch_npu user's profiled training loop, unmodified: torch_npu.profiler with a schedule and
-tensorboard_trace_handler, as torch_npu's documentation writes it. Run under ``npusim run SCRIPT OUT``;
-prints one JSON line per step: its number and its time by NPU events."""
+tensorboard_trace_handler, as torch_npu's documentation writes it; under torchrun each rank averages
+its gradients over hccl. Run as ``npusim run SCRIPT OUT`` (or under torchrun); prints one JSON line per
+step: the rank, the step and its time by NPU events."""
 
 import json
+import os
 import sys
 
 import torch
+import torch.distributed as dist
 import torch_npu
 
 out = sys.argv[1]
+distributed = "WORLD_SIZE" in os.environ
+if distributed:
+    torch.npu.set_device(int(os.environ["LOCAL_RANK"]))
+    dist.init_process_group("hccl")
+rank = dist.get_rank() if distributed else 0
 torch.manual_seed(0)
 model = torch.nn.Sequential(torch.nn.Linear(64, 256), torch.nn.ReLU(), torch.nn.Linear(256, 10)).npu()
 optimizer = torch.optim.SGD(model.parameters(), lr=0.1)
@@ -26,9 +34,14 @@ with torch_npu.profiler.profile(
         start.record()
         loss = torch.nn.functional.cross_entropy(model(data.npu()), target.npu())
         loss.backward()
+        if distributed:
+            for p in model.parameters():
+                dist.all_reduce(p.grad, op=dist.ReduceOp.AVG)
         optimizer.step()
         optimizer.zero_grad()
         end.record()
         end.synchronize()
-        print(json.dumps({"step": step, "ms": start.elapsed_time(end)}), flush=True)
+        print(json.dumps({"rank": rank, "step": step, "ms": start.elapsed_time(end)}), flush=True)
         prof.step()
+if distributed:
+    dist.destroy_process_group()
