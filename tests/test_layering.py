@@ -1,4 +1,4 @@
-"""The layering rule of README's folder tree: no import (Python) or include (C++) runs back up, and the
+"""The layering rule of docs/FOLDER_TREE.md: no import (Python) or include (C++) runs back up, and the
 runtime floor of the C++ core compiles, links and runs without the floors above it."""
 
 from __future__ import annotations
