@@ -162,3 +162,40 @@ def test_v3_returns_seed_and_offset_as_tensors_and_reuses_the_mask_in_backward()
     out.backward(dy.float().to("npu"))
     assert torch.npu.default_generators[0].get_offset() == after_forward
     _assert_matches_reference(out, (qn, kn, vn), (q, k, v), dy, _keep(5, 4, NUMELS, 0.7).view(B, N, S, S))
+
+
+def test_v3_dropout_inside_an_npu_graph_replays_the_eager_masks():
+    """Note [Dropout inside an npu graph]: a captured v3 with dropout draws its mask graph-safely, so a replay
+    after set_rng_state gives the eager forward's output and gradients (grad_v3 called directly and through
+    autograd, both inside the capture), and the next replay the next eager step's; the captured offset tensor
+    holds -1 and a copy of it, which does not carry the mask, is refused by name."""
+    v3, grad_v3 = torch.ops.npu.npu_fusion_attention_v3, torch.ops.npu.npu_fusion_attention_grad_v3
+
+    def step():
+        q, k, v, dy = (torch.randn(B, N, S, D, device="npu") for _ in range(4))
+        q.requires_grad_()
+        out = v3(q, k, v, N, "BNSD", scale=0.4, keep_prob=0.7)
+        direct = grad_v3(q, k, v, dy, N, "BNSD", softmax_max=out[1], softmax_sum=out[2], attention_in=out[0],
+                         scale_value=0.4, keep_prob=0.7, seed=out[4], offset=out[5])
+        out[0].backward(dy)
+        return out, direct[0], q.grad
+
+    torch.npu.manual_seed(11)
+    state = torch.npu.get_rng_state()
+    eager = [step() for _ in range(2)]
+    graph = torch.npu.NPUGraph()
+    with torch.npu.graph(graph):
+        out, direct_dq, autograd_dq = step()
+    torch.npu.set_rng_state(state)
+    for want_out, want_direct, want_autograd in eager:
+        graph.replay()
+        torch.testing.assert_close(out[0].cpu(), want_out[0].cpu(), atol=0, rtol=0)
+        torch.testing.assert_close(direct_dq.cpu(), want_direct.cpu(), atol=0, rtol=0)
+        torch.testing.assert_close(autograd_dq.cpu(), want_autograd.cpu(), atol=0, rtol=0)
+        torch.testing.assert_close(direct_dq.cpu(), autograd_dq.cpu(), atol=0, rtol=0)
+        assert out[5].item() == -1 and out[4].item() == 11
+    q = torch.randn(B, N, S, D, device="npu")
+    with pytest.raises(RuntimeError, match="npu_fusion_attention_grad_v3: offset -1 marks a forward captured in an "
+                                           "npu graph: pass that forward's own offset tensor"):
+        grad_v3(q, q, q, q, N, "BNSD", softmax_max=out[1], softmax_sum=out[2], attention_in=out[0],
+                scale_value=0.4, keep_prob=0.7, seed=out[4], offset=out[5].clone())

@@ -31,10 +31,16 @@ from __future__ import annotations
 
 import torch
 from torch import Tensor
+from torch.multiprocessing.reductions import StorageWeakRef
 
 from npusim.runtime.random import default_generator
 
 _U64 = (1 << 64) - 1
+
+# The offset a forward captured in an npu graph returns: the replay picks the real one.
+CAPTURED_OFFSET = -1
+# Masks of captured forwards by their offset tensor's storage (Note [Dropout inside an npu graph]).
+_captured_masks: dict[StorageWeakRef, Tensor] = {}
 
 
 def _as_int64(value: int) -> int:
@@ -79,3 +85,35 @@ def unpack(packed: Tensor, numels: int) -> Tensor:
     shifts = torch.arange(8, dtype=torch.uint8, device=packed.device)
     bits = packed.reshape(-1, 1).bitwise_right_shift(shifts).bitwise_and(1)
     return bits.reshape(-1)[:numels].bool()
+
+
+# Note [Dropout inside an npu graph]
+# ~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~
+# Inside an npu graph capture the generator's offset cannot be read on the host (each replay
+# draws at the generator's state at replay time), so npu_fusion_attention_v3 draws its mask
+# as ``torch.rand(numels) < keep_prob`` on the default generator, which the graph replays
+# graph-safely. As eager offsets are multiples of 4, that is the very mask keep_mask(seed,
+# offset) gives for the (seed, offset) the eager forward would take, so a replay after
+# set_rng_state reproduces the eager results (op-plugin's dropout-in-aclgraph tests). The
+# captured forward's offset tensor holds CAPTURED_OFFSET, not a real offset; the mask itself
+# (a tensor of the graph, rewritten by every replay) is remembered by that tensor's storage,
+# and npu_fusion_attention_grad_v3 given it (inside the capture, or after a replay) uses the
+# mask instead of drawing one. The table holds a weak reference to the storage: an entry
+# lives as long as the offset tensor does.
+
+
+def draw_in_capture(device: torch.device, numels: int, keep_prob: float) -> Tensor:
+    """The (numels,) keep mask from the default generator, graph-safe (see the Note above)."""
+    return torch.rand(numels, device=device) < keep_prob
+
+
+def remember_captured(offset: Tensor, keep: Tensor) -> None:
+    """Records ``keep`` as the mask of the captured forward that returned ``offset``."""
+    for ref in [ref for ref in _captured_masks if ref.expired()]:
+        del _captured_masks[ref]
+    _captured_masks[StorageWeakRef(offset.untyped_storage())] = keep
+
+
+def captured_mask(offset: Tensor) -> Tensor | None:
+    """The mask of the captured forward whose offset tensor shares ``offset``'s storage, else None."""
+    return _captured_masks.get(StorageWeakRef(offset.untyped_storage()))

@@ -109,12 +109,14 @@ def _keep_from_dropout_mask(call: Call, dropout_mask: Tensor, seed: int, offset:
     return keep
 
 
-def _forward(*args: Any, op: str = OP, **kwargs: Any) -> tuple[Tensor, Tensor, Tensor, Tensor, int, int, int]:
-    """The forward; ``op`` names the operator in errors (npu_fusion_attention_v3 runs this too)."""
+def _forward(*args: Any, op: str = OP, keep: Tensor | None = None,
+             **kwargs: Any) -> tuple[Tensor, Tensor, Tensor, Tensor, int, int, int]:
+    """The forward; ``op`` names the operator in errors (npu_fusion_attention_v3 runs this too, passing the
+    ``keep`` mask it drew itself inside an npu graph capture)."""
     a = _forward_args(*args, **kwargs)
     call = _parse(op, a, {"dropout_mask": a["dropout_mask"]})
-    query, seed, offset, keep = a["query"], a["seed"], a["offset"], None
-    if call.keep_prob < 1:
+    query, seed, offset = a["query"], a["seed"], a["offset"]
+    if call.keep_prob < 1 and keep is None:
         if a["dropout_mask"] is not None:
             keep = _keep_from_dropout_mask(call, a["dropout_mask"], seed, offset)
         else:
@@ -190,17 +192,24 @@ def _parse_grad(a: dict[str, Any], op: str = GRAD) -> Call:
     return call
 
 
-def _backward(*args: Any, op: str = GRAD, **kwargs: Any) -> tuple[Tensor, Tensor, Tensor, Tensor, Tensor]:
+def _backward(*args: Any, op: str = GRAD, keep: Tensor | None = None,
+              **kwargs: Any) -> tuple[Tensor, Tensor, Tensor, Tensor, Tensor]:
     """The backward; ``op`` names the operator in errors, and ``numels=None`` (npu_fusion_attention_grad_v3, which
-    has no numels argument) takes the call's own mask length."""
+    has no numels argument) takes the call's own mask length. ``keep``: the mask of a forward captured in an npu
+    graph (npu_fusion_attention_grad_v3), instead of the one drawn at (seed, offset)."""
     a = _grad_args(*args, **kwargs)
     call = _parse_grad(a, op)
     query, key, value, dy, pse, sink = a["query"], a["key"], a["value"], a["dy"], a["pse"], a["sink"]
-    keep = None
     if call.keep_prob < 1:
         check(a["numels"] is None or a["numels"] == call.numels, op,
               f"numels must be the forward's dropout mask length {call.numels}, got {a['numels']}")
-        keep = _dropout.keep_mask(a["seed"], a["offset"], call.numels, call.keep_prob, query.device)
+        if keep is None:
+            keep = _dropout.keep_mask(a["seed"], a["offset"], call.numels, call.keep_prob, query.device)
+        check(keep.numel() == call.numels, op,
+              f"seed and offset belong to a forward whose dropout mask has {keep.numel()} elements, "
+              f"this call's has {call.numels}")
+    else:
+        keep = None
     grads = [torch.zeros_like(t) for t in (query, key, value)]
     dlogits, dsink = [], []
     dtype = _core.compute_dtype(query.dtype)

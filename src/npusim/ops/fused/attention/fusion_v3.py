@@ -32,11 +32,13 @@ Note [npu_fusion_attention_v3 in an npu graph]
 ~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~
 op-plugin's docs: "aclgraph supports input_layout BNSD". Without dropout v3 and grad_v3
 capture into an NPUGraph and replay (they read no device value on the host: the seed and
-offset are filled on the device, and grad_v3 reads them only with dropout). Dropout inside a
-capture is refused naming the op: its mask is drawn at a (seed, offset) read from the npu
-generator on the host, and a graph-safe draw needs the generator's Philox state as device
-tensors (what CUDA's ``philox_cuda_state`` gives a kernel), which npusim's generator does not
-expose to Python.
+offset are filled on the device, and grad_v3 reads them only with dropout). With dropout the
+captured forward cannot take its (seed, offset) on the host, as the generator's offset is the
+replay's; it draws the mask graph-safely from the default generator (the same bits the eager
+forward draws at the same generator state), returns offset -1 and leaves the mask for
+grad_v3, which finds it by the forward's offset tensor (Note [Dropout inside an npu graph] in
+_dropout.py). op-plugin's kernel writes the replay's real seed and offset into those tensors;
+npusim's seed tensor holds the generator's seed and its offset tensor -1.
 """
 
 from __future__ import annotations
@@ -49,7 +51,7 @@ from torch import Tensor
 from torch._subclasses.fake_tensor import is_fake
 
 from npusim.ops.fused._library import define
-from npusim.ops.fused.attention import _masks, fusion
+from npusim.ops.fused.attention import _dropout, _masks, fusion
 from npusim.ops.fused.attention._checks import check, rejecting_cpu_kernel
 
 OP, GRAD = "npu_fusion_attention_v3", "npu_fusion_attention_grad_v3"
@@ -121,13 +123,22 @@ def _philox_tensor(value: int, device: torch.device) -> Tensor:
 
 def _forward(*args: Any, **kwargs: Any) -> tuple[Tensor, Tensor, Tensor, Tensor, Tensor, Tensor]:
     a = _host_lengths(OP, _forward_args(*args, **kwargs))
-    # See Note [npu_fusion_attention_v3 in an npu graph].
-    check(a["keep_prob"] == 1 or not torch.npu.is_current_stream_capturing(), OP,
-          "dropout (keep_prob < 1) inside an npu graph capture is not simulated: the mask's Philox seed and offset "
-          "are read from the generator on the host, which a capture refuses; capture with keep_prob=1")
-    out, softmax_max, softmax_sum, softmax_out, seed, offset, _ = fusion._forward(**a, op=OP)
     device = a["query"].device
+    if a["keep_prob"] < 1 and torch.npu.is_current_stream_capturing():
+        return _forward_captured(a, device)
+    out, softmax_max, softmax_sum, softmax_out, seed, offset, _ = fusion._forward(**a, op=OP)
     return out, softmax_max, softmax_sum, softmax_out, _philox_tensor(seed, device), _philox_tensor(offset, device)
+
+
+def _forward_captured(a: dict[str, Any], device: torch.device) -> tuple[Tensor, Tensor, Tensor, Tensor, Tensor, Tensor]:
+    """Dropout inside an npu graph capture: a graph-safe mask, remembered for grad_v3 by the offset tensor
+    (Note [Dropout inside an npu graph] in _dropout.py)."""
+    keep = _dropout.draw_in_capture(device, fusion._parse(OP, a, {}).numels, a["keep_prob"])
+    out, softmax_max, softmax_sum, softmax_out, _, _, _ = fusion._forward(**a, op=OP, keep=keep)
+    seed = _philox_tensor(torch.npu.default_generators[device.index].initial_seed(), device)
+    offset = _philox_tensor(_dropout.CAPTURED_OFFSET, device)
+    _dropout.remember_captured(offset, keep)
+    return out, softmax_max, softmax_sum, softmax_out, seed, offset
 
 
 def _forward_fake(*args: Any, **kwargs: Any) -> tuple[Tensor, Tensor, Tensor, Tensor, Tensor, Tensor]:
@@ -167,8 +178,17 @@ def _philox_value(name: str, value: Tensor | None, keep_prob: float) -> int:
 
 def _backward(*args: Any, **kwargs: Any) -> tuple[Tensor, Tensor, Tensor, Tensor, Tensor]:
     a = _host_lengths(GRAD, _grad_args(*args, **kwargs))
-    a["seed"], a["offset"] = (_philox_value(name, a[name], a["keep_prob"]) for name in ("seed", "offset"))
-    return fusion._backward(**a, numels=None, op=GRAD)
+    keep = None
+    if a["keep_prob"] < 1 and a["offset"] is not None:
+        keep = _dropout.captured_mask(a["offset"])
+    if keep is None:
+        a["seed"], a["offset"] = (_philox_value(name, a[name], a["keep_prob"]) for name in ("seed", "offset"))
+        check(a["offset"] != _dropout.CAPTURED_OFFSET, GRAD,
+              f"offset {_dropout.CAPTURED_OFFSET} marks a forward captured in an npu graph: pass that forward's own "
+              "offset tensor, by which its dropout mask is found (a copy of it does not carry the mask)")
+    else:
+        a["seed"] = a["offset"] = 0
+    return fusion._backward(**a, numels=None, op=GRAD, keep=keep)
 
 
 def _backward_fake(*args: Any, **kwargs: Any) -> tuple[Tensor, Tensor, Tensor, Tensor, Tensor]:
