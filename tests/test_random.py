@@ -1,7 +1,7 @@
 """The npu generator: a Philox (seed, offset) state with CUDA's contract, and every random op
 on npu drawing from it (never from the CPU default generator), reproducibly.
 
-See Note [npu Philox stream] in ``src/npusim/csrc/generator.h`` for the stream, the offset
+See Note [npu Philox stream] in ``src/npusim/csrc/aten/generator.h`` for the stream, the offset
 unit and its rounding.
 """
 

@@ -196,7 +196,7 @@ def test_overlapping_copy_is_rejected_like_cpu():
 
 @pytest.mark.asynchronous
 def test_events_on_an_idle_stream_complete_on_the_host():
-    """Note [Events on an idle stream]: a record on an idle stream and a wait for a completed event
+    """Note [Work on an idle stream]: a record on an idle stream and a wait for a completed event
     enqueue no task; on a busy stream both stay stream tasks, in order."""
     side = torch.npu.Stream()
     torch.npu.synchronize()

@@ -1,7 +1,7 @@
 """``python -m npusim bench rng``: host cost per random op, npu generator vs CPU generator.
 
 Each random op runs on an npu tensor (drawing from the npu Philox generator,
-see Note [npu Philox stream] in ``csrc/generator.h``) and on a CPU tensor of
+see Note [npu Philox stream] in ``csrc/aten/generator.h``) and on a CPU tensor of
 the same size (PyTorch's CPU kernel and mt19937 generator), timed side by side
 in one run with ``torch.utils.benchmark``'s ``blocked_autorange`` (after a
 warm-up, at the process's thread count). The npu

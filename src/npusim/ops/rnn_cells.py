@@ -5,7 +5,7 @@ PrivateUse1 input through the fused cell kernels ``_thnn_fused_lstm_cell`` and
 ``_thnn_fused_gru_cell``, which only CUDA implements; CPU computes the same
 cells from their definitions. These kernels compute them for the npu from the
 same definitions (see Note [npu follows CUDA where CPU differs] in
-csrc/cuda_semantics.cpp), with the workspace layouts CUDA's kernels save for
+csrc/aten/cuda_semantics.cpp), with the workspace layouts CUDA's kernels save for
 backward: the LSTM's activated gates ``[i, f, g, o]``; the GRU's
 ``[r, z, n, hx, hn]`` with ``hn`` the hidden part of the new gate.
 """

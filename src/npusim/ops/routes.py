@@ -2,7 +2,7 @@
 
 ``npusim.ops`` routes every aten op whose npu slot would hold a composite kernel where CPU
 has its own kernel to that kernel (Note [CPU's kernel, not the composite] in
-``csrc/fallback_routes.cpp``), except the ops listed here: for them CUDA has no kernel and
+``csrc/aten/fallback_routes.cpp``), except the ops listed here: for them CUDA has no kernel and
 runs the composite itself, and npu follows CUDA (Note [npu follows CUDA where CPU differs]).
 A CPU build's dispatcher holds no CUDA registrations, so the list is written here;
 ``tests/test_fallback_routes.py`` derives it again from PyTorch's ``native_functions.yaml``.

@@ -6,7 +6,7 @@ statistics with ``batch_norm_stats``, all-gathers them, combines them with
 ``batch_norm_elemt``; backward reduces with ``batch_norm_backward_reduce``,
 all-reduces, and finishes with ``batch_norm_backward_elemt``. These five ops
 and ``batch_norm_gather_stats`` (every rank's count the same) exist for CUDA
-only (Note [npu follows CUDA where CPU differs] in csrc/cuda_semantics.cpp);
+only (Note [npu follows CUDA where CPU differs] in csrc/aten/cuda_semantics.cpp);
 here they are computed from their definitions, with CUDA's dtypes:
 statistics in the accumulation dtype (fp32 for fp16 / bf16 input), outputs
 in the input's dtype, weight gradients in the weight's.

@@ -232,7 +232,7 @@ foreach_results_in_place_runs: Callable[[], int] = C.foreach_results_in_place_ru
 # ---- observers (npusim.sanitizer; torch.profiler needs none: csrc/runtime/device_profiler.cpp)
 
 # fn(op, event_id, device, stream_id) after each event record / wait and host
-# synchronize, on the host thread that did it (op numbers: csrc/trace.h StreamOp); None removes it.
+# synchronize, on the host thread that did it (op numbers: csrc/runtime/trace.h StreamOp); None removes it.
 set_stream_op_observer: Callable[[Callable[[int, int, int, int], None] | None], None] = C.set_stream_op_observer
 # fn(ptr, delta_bytes, device) per allocation (> 0) and free (< 0); device -1 is pinned host memory.
 # Called at once on a thread holding the GIL; otherwise kept for take_memory_events.

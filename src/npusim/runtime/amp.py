@@ -1,7 +1,7 @@
 """``torch.npu.amp``: torch_npu's mixed-precision names over PyTorch's device-generic AMP.
 
 ``autocast`` is ``torch.autocast("npu")`` (the npu policies are PyTorch's own op lists, see
-``csrc/autocast.cpp``), ``GradScaler`` is ``torch.amp.GradScaler("npu")`` with torch_npu's
+``csrc/aten/autocast.cpp``), ``GradScaler`` is ``torch.amp.GradScaler("npu")`` with torch_npu's
 overflow rule (Note [torch_npu's overflow flag]), and ``custom_fwd`` / ``custom_bwd`` are
 ``torch.amp``'s with ``device_type="npu"``.
 """

@@ -2,7 +2,7 @@
 
 Each device has one default generator, a Philox (seed, offset) counter whose
 state is 16 bytes: the seed, then the offset (see Note [npu Philox stream] in
-``csrc/generator.h``). Every random op on an npu tensor draws from it (or
+``csrc/aten/generator.h``). Every random op on an npu tensor draws from it (or
 from a ``torch.Generator("npu")`` passed in) and advances the offset.
 """
 

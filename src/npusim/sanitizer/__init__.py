@@ -49,7 +49,7 @@ __all__ = ["Access", "RaceKind", "RaceReport", "Sanitizer", "StreamRaceError", "
 OnRace = Literal["raise", "warn", "record"]
 ENV = "NPUSIM_SANITIZER"
 
-# StreamOp numbers of csrc/trace.h
+# StreamOp numbers of csrc/runtime/trace.h
 _RECORD, _WAIT, _SYNC_EVENT, _SYNC_STREAM, _SYNC_DEVICE, _SYNC_ALL, _DESTROY = range(7)
 
 

@@ -1,8 +1,9 @@
 """Runs a function on several spawned ranks over the npu backend, in bounded time.
 
 Why this module exists: the multi-rank tests and the FSDP2 benchmarks all need
-the same launcher, and three private copies of it (tests/_multiprocess.py,
-npusim/bench/_ranks.py and one inside the fsdp-enhance benchmark) had drifted
+the same launcher, and three private copies of it (a ``_multiprocess`` helper of the
+tests, a ``_ranks`` module of the benchmarks and one inside the fsdp-enhance benchmark; all
+removed since) had drifted
 apart in how they treated dead ranks, timeouts and cleanup. This is the one
 copy; its keyword options cover what each caller needs.
 

@@ -63,7 +63,7 @@ class _RecomputeRule:
         self.module = module
         self.saved: list[list[Any] | None] = []
         self.suppressed = 0  # forward prefetches skipped (for tests and the benchmark)
-        self.rearmed = 0  # recomputes given their own backward hooks (Note [Reentrant recompute ...])
+        self.rearmed = 0  # recomputes given their own backward hooks (Note [Reentrant recompute of a module run twice])
 
     def pre_forward(self, module: nn.Module, args: tuple[Any, ...], kwargs: dict[str, Any]) -> None:
         if not in_backward():

@@ -8,7 +8,7 @@ same mask again instead of storing it, as the NPU does (op-plugin's
 FlashAttentionKernelNpuOpApi.cpp: ``philox_engine_inputs`` in the forward, a stateless
 ``DropoutGenMask(seed, offset)`` in both directions).
 
-npusim's npu generator is counter-based (Note [npu Philox stream] in csrc/generator.h):
+npusim's npu generator is counter-based (Note [npu Philox stream] in csrc/aten/generator.h):
 element ``i`` of an elementwise random op that starts at offset ``o`` takes Philox block
 ``o + i``. So the mask is a pure function of (seed, offset, numels): a fresh
 ``torch.Generator("npu")`` seeded with ``seed`` and set to the offset draws
