@@ -2,32 +2,12 @@
 
 from __future__ import annotations
 
-import re
 import subprocess
 import sys
 from collections import Counter
-from pathlib import Path
 
-import torch
-
-import npusim
 from npusim.ops import FALLBACK_ROUTES
-
-PACKAGE = Path(npusim.__file__).resolve().parent
-_REGISTERED_AT = re.compile(r"^PrivateUse1: registered at (\S+?):\d+ ", re.MULTILINE)
-
-
-def kernel_providers() -> dict[str, str]:
-    """aten op -> the file that registered its PrivateUse1 kernel (npusim's relative to the package)."""
-    providers = {}
-    for name in torch._C._dispatch_get_registrations_for_dispatch_key("PrivateUse1"):
-        if not name.startswith("aten::"):
-            continue
-        match = _REGISTERED_AT.search(torch._C._dispatch_dump(name))
-        assert match is not None, f"{name}: no PrivateUse1 kernel in its dispatch table"
-        path = Path(match.group(1)).resolve()
-        providers[name] = path.relative_to(PACKAGE).as_posix() if path.is_relative_to(PACKAGE) else "torch"
-    return providers
+from npusim.tools.kernels import kernel_providers  # the table `python -m npusim kernels` prints
 
 
 def test_each_aten_kernel_comes_from_one_known_file():

@@ -16,6 +16,7 @@ COMMANDS: dict[str, tuple[str, str]] = {
     "fuzz": ("npusim.tools.fuzz", "copy_ / _foreach_copy_ on the npu against CPU, generated cases"),
     "timeline": ("npusim.tools.timeline", "one FSDP2 step per kernel mode as a stream timeline picture"),
     "conformance": ("npusim.tools.conformance", "run PyTorch's OpInfo ops on npu and on CPU and compare"),
+    "kernels": ("npusim.tools.kernels", "which file registers each aten op's npu kernel, and how it runs"),
 }
 
 
