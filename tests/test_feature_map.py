@@ -76,6 +76,16 @@ def test_every_feature_map_reference_exists():
     assert not missing, "\n".join(missing)
 
 
+
+def test_every_core_source_file_has_a_feature():
+    """Each csrc/ .cpp file (the unity units aside) is named, or its header is, by a row of the feature map:
+    a file without one is a feature missing from the map."""
+    named = {file for _, cell in _feature_rows() for files, _ in _references(cell) for file in files.split("|")}
+    sources = sorted(p.relative_to(PACKAGE).as_posix() for p in (PACKAGE / "csrc").rglob("*.cpp")
+                     if p.parent.name != "unity")
+    unnamed = [s for s in sources if s not in named and s.removesuffix(".cpp") + ".h" not in named]
+    assert unnamed == [], "csrc files no row of docs/FEATURE_MAP.md names"
+
 def _github_anchor(heading: str) -> str:
     """The anchor GitHub gives a heading: lower case, punctuation dropped, spaces as hyphens."""
     return re.sub(r"[^\w\- ]", "", heading.strip().lower()).replace(" ", "-")
