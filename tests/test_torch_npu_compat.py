@@ -138,6 +138,9 @@ def test_c_entry_points_of_torch_npus_test_files(torch_npu):
     with torch.npu.stream(side):
         assert torch_npu._C._npu_getCurrentRawStreamNoWait(0) == side.npu_stream == side.stream_id
     assert torch.npu.get_device_name(0) == "Ascend910B2" and torch_npu._C._npu_get_soc_version() == 221
+    from torch_npu.npu import utils  # torch_npu's test_allocator_envs asks the SoC this way
+
+    assert utils.get_soc_version() == torch.npu.utils.get_soc_version() == 221
     with torch.npu.device(2):
         t = torch_npu._C._empty_strided_npu((2, 3), (1, 2), torch.bfloat16)
     assert (t.device, t.shape, t.stride(), t.dtype) == (torch.device("npu", 2), (2, 3), (1, 2), torch.bfloat16)

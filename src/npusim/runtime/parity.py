@@ -71,6 +71,7 @@ FRAMEWORK_PROVIDED: dict[str, str] = {
                                                      "(torch_npu's test/npu/test_graph_tree.py)",
     "torch_npu.npu.utils._get_device_index": "torch_npu's device-index helper",
     "torch_npu.npu.utils.get_cann_version": "the profile's CANN version (torch_npu's test helpers)",
+    "torch_npu.npu.utils.get_soc_version": "the simulated SoC's SocVersion number (torch_npu's test_allocator_envs)",
     "torch_npu.npu.utils._is_gte_cann_version": "compares with the profile's CANN version",
     "torch_npu.npu._lazy_call": "runs the callable now (MindSpeed's tensor_parallel.random, DeepSpeed)",
     "torch_npu.utils.get_cann_version": "the profile's CANN version",

@@ -29,8 +29,8 @@ from npusim.runtime.streams import StreamContext, current_stream, default_stream
 
 __all__ = [
     "StreamContext", "current_device", "current_stream", "default_stream", "device", "device_of",
-    "get_cann_version", "get_sync_debug_mode", "ipc_collect", "is_bf16_supported", "is_support_inf_nan",
-    "set_device", "set_stream", "set_sync_debug_mode", "stream", "synchronize",
+    "get_cann_version", "get_soc_version", "get_sync_debug_mode", "ipc_collect", "is_bf16_supported",
+    "is_support_inf_nan", "set_device", "set_stream", "set_sync_debug_mode", "stream", "synchronize",
 ]
 
 # The packages torch_npu's get_cann_version(module=...) knows.
@@ -59,6 +59,30 @@ def get_cann_version(module: str = "CANN") -> str:
     if module not in CANN_MODULES:
         raise ValueError(f"torch.npu.utils.get_cann_version: module must be one of {CANN_MODULES}, got {module!r}")
     return "" if module == "DRIVER" else get_profile().cann_version
+
+
+# torch_npu's SocVersion numbers (c10_npu::SocVersion), by the SoC name a profile models.
+_SOC_VERSIONS = {
+    "Ascend910PremiumA": 100, "Ascend910ProA": 101, "Ascend910A": 102, "Ascend910ProB": 103, "Ascend910B": 104,
+    "Ascend310P1": 200, "Ascend310P2": 201, "Ascend310P3": 202, "Ascend310P4": 203, "Ascend310P5": 204,
+    "Ascend310P7": 205, "Ascend910B1": 220, "Ascend910B2": 221, "Ascend910B2C": 222, "Ascend910B3": 223,
+    "Ascend910B4": 224, "Ascend910B4-1": 225, "Ascend310B1": 240, "Ascend310B2": 241, "Ascend310B3": 242,
+    "Ascend310B4": 243, "Ascend910_9391": 250, "Ascend910_9392": 251, "Ascend910_9381": 252,
+    "Ascend910_9382": 253, "Ascend910_9372": 254, "Ascend910_9362": 255, "Ascend910_9363": 256,
+}
+_ASCEND950 = 260  # every Ascend950 variant
+
+
+def get_soc_version() -> int:
+    """The simulated SoC's number in torch_npu's ``SocVersion`` (221 for the training profile's
+    Ascend910B2), -1 (``UnsupportedSocVersion``) for a name torch_npu does not know; also
+    ``torch_npu._C._npu_get_soc_version``. torch_npu's tests compare it with 260 (Ascend950)."""
+    from npusim.runtime.profiles import get_profile
+
+    name = get_profile().soc_name
+    if name.startswith("Ascend950"):
+        return _ASCEND950
+    return _SOC_VERSIONS.get(name, -1)
 
 
 def _cann_version_key(version: str) -> tuple[int, ...]:

@@ -20,8 +20,7 @@ from npusim.compat.torch_npu import NotSimulatedError
 from npusim.compile.generated_calls import get_raw_stream as _npu_getCurrentRawStream  # noqa: N812  (torch_npu's name)
 from npusim.ops.fused import layout
 from npusim.runtime.memory import _npu_checkPoolLiveAllocations, _npu_isHistoryEnabled
-from npusim.runtime.profiles import get_profile
-from npusim.runtime.utils import _is_gte_cann_version, get_cann_version
+from npusim.runtime.utils import _is_gte_cann_version, get_cann_version, get_soc_version
 
 __all__ = ["_cd", "_distributed_c10d", "_empty_strided_npu", "_get_cann_version", "_is_gte_cann_version",
            "_npu_checkPoolLiveAllocations", "_npu_getCurrentRawStream", "_npu_getCurrentRawStreamNoWait",
@@ -37,25 +36,8 @@ _npu_npuCachingAllocator_set_allocator_settings = torch.npu.memory._set_allocato
 # torch_npu's NoWait variant skips draining its task queue first; npusim launches without one.
 _npu_getCurrentRawStreamNoWait = _npu_getCurrentRawStream  # noqa: N816
 
-# torch_npu's SocVersion numbers (c10_npu::SocVersion), by the SoC name a profile models.
-_SOC_VERSIONS = {
-    "Ascend910PremiumA": 100, "Ascend910ProA": 101, "Ascend910A": 102, "Ascend910ProB": 103, "Ascend910B": 104,
-    "Ascend310P1": 200, "Ascend310P2": 201, "Ascend310P3": 202, "Ascend310P4": 203, "Ascend310P5": 204,
-    "Ascend310P7": 205, "Ascend910B1": 220, "Ascend910B2": 221, "Ascend910B2C": 222, "Ascend910B3": 223,
-    "Ascend910B4": 224, "Ascend910B4-1": 225, "Ascend310B1": 240, "Ascend310B2": 241, "Ascend310B3": 242,
-    "Ascend310B4": 243, "Ascend910_9391": 250, "Ascend910_9392": 251, "Ascend910_9381": 252,
-    "Ascend910_9382": 253, "Ascend910_9372": 254, "Ascend910_9362": 255, "Ascend910_9363": 256,
-}
-_ASCEND950 = 260  # every Ascend950 variant
-
-
-def _npu_get_soc_version() -> int:
-    """The simulated SoC's number in torch_npu's ``SocVersion`` (221 for the training profile's
-    Ascend910B2), -1 (``UnsupportedSocVersion``) for a name torch_npu does not know."""
-    name = get_profile().soc_name
-    if name.startswith("Ascend950"):
-        return _ASCEND950
-    return _SOC_VERSIONS.get(name, -1)
+# torch_npu's name for torch_npu.npu.utils.get_soc_version's binding.
+_npu_get_soc_version = get_soc_version
 
 
 def _empty_strided_npu(*args: Any) -> torch.Tensor:
