@@ -271,19 +271,22 @@ def test_small_copies_on_an_idle_stream_are_done_by_the_caller():
 
 def test_wrapping_a_stream_refuses_a_triple_that_names_none():
     """Stream(stream_id=, device_index=, device_type=) wraps an existing npu stream and refuses an impossible
-    triple naming the call, the device and what was expected (device_index 999 was stored as npu:-25)."""
+    triple naming the call, the device and what was expected (device_index 999 was stored as npu:-25), with
+    torch_npu's RuntimeError (and -1 too, which torch_npu's argument parser may refuse as OverflowError)."""
     side = torch.npu.Stream()
     wrapped = torch.npu.Stream(stream_id=side.stream_id, device_index=side.device_index, device_type=side.device_type)
     assert wrapped == side and wrapped.priority == side.priority
     npu = side.device_type
-    with pytest.raises(ValueError, match=r"torch.npu.Stream\(stream_id=3, device_index=999, device_type=20\): "
+    with pytest.raises(RuntimeError, match=r"torch.npu.Stream\(stream_id=3, device_index=999, device_type=20\): "
                                          r"device_index must name an npu device, 0 <= index < device_count\(\) = "
                                          rf"{torch.npu.device_count()}, got 999"):
         torch.npu.Stream(stream_id=3, device_index=999, device_type=npu)
-    with pytest.raises(ValueError, match=rf"device_type must be the npu's \({npu}\), got 1"):
+    with pytest.raises(RuntimeError, match=rf"device_type must be the npu's \({npu}\), got 1"):
         torch.npu.Stream(stream_id=3, device_index=0, device_type=1)
-    with pytest.raises(ValueError, match=r"stream_id must name a stream of npu:0, 0 <= id < 17 .* got 17"):
+    with pytest.raises(RuntimeError, match=r"stream_id must name a stream of npu:0, 0 <= id < 17 .* got 17"):
         torch.npu.Stream(stream_id=17, device_index=0, device_type=npu)
+    with pytest.raises(RuntimeError, match="device_index must name an npu device"):
+        torch.npu.Stream(stream_id=0, device_index=-1, device_type=npu)
     with pytest.raises(TypeError, match="takes exactly stream_id, device_index and device_type; got"):
         torch.npu.Stream(stream_id=1)
 

@@ -18,7 +18,8 @@ _STREAM_KEYS = ("stream_id", "device_index", "device_type")
 
 def _check_stream_triple(op: str, kwargs: dict[str, Any]) -> None:
     """Refuses a (stream_id, device_index, device_type) that names no npu stream, before torch.Stream
-    stores it (a device index is an 8-bit field there: 999 would become npu:-25)."""
+    stores it (a device index is an 8-bit field there: 999 would become npu:-25). A RuntimeError, as
+    torch_npu's TORCH_CHECK raises (its test_stream's fail-fast tests expect one)."""
     unknown = sorted(set(kwargs) - set(_STREAM_KEYS))
     missing = [k for k in _STREAM_KEYS if k not in kwargs]
     if unknown or missing:
@@ -30,12 +31,12 @@ def _check_stream_triple(op: str, kwargs: dict[str, Any]) -> None:
     if not all(isinstance(v, int) and not isinstance(v, bool) for v in (stream_id, device_index, device_type)):
         raise TypeError(f"{call}: expected three ints, as Stream.stream_id / device_index / device_type give them")
     if device_type != npu_type:
-        raise ValueError(f"{call}: device_type must be the npu's ({npu_type}), got {device_type}")
+        raise RuntimeError(f"{call}: device_type must be the npu's ({npu_type}), got {device_type}")
     if not 0 <= device_index < acl.device_count():
-        raise ValueError(f"{call}: device_index must name an npu device, 0 <= index < device_count() = "
+        raise RuntimeError(f"{call}: device_index must name an npu device, 0 <= index < device_count() = "
                          f"{acl.device_count()}, got {device_index}")
     if not 0 <= stream_id < acl.STREAMS_PER_DEVICE:
-        raise ValueError(f"{call}: stream_id must name a stream of npu:{device_index}, 0 <= id < "
+        raise RuntimeError(f"{call}: stream_id must name a stream of npu:{device_index}, 0 <= id < "
                          f"{acl.STREAMS_PER_DEVICE} (the default stream and the two pools), got {stream_id}")
 
 
