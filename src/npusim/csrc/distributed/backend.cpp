@@ -161,7 +161,6 @@ struct ProcessGroupNpu::Launch {
   const char* op;  // torch.distributed's name, for messages
   c10::DeviceIndex device;
   TensorList outputs;  // Work::result()
-  TensorList keep;     // every tensor the job touches, alive until it ends
   size_t bytes = 0;    // moved over the link, for the timing model
   std::function<void()> run;
   std::function<c10::intrusive_ptr<c10d::Work>()> post;
@@ -233,12 +232,12 @@ c10::intrusive_ptr<c10d::Work> ProcessGroupNpu::launch(Launch&& l) {
   // inference-tensor check, no version bump on the aliases, whatever mode
   // the issuing thread was in.
   if (l.post) {
-    job.post = [post = std::move(l.post), keep = std::move(l.keep)] {
+    job.post = [post = std::move(l.post)] {
       const at::AutoDispatchBelowADInplaceOrView device_writes;
       return post();
     };
   } else {
-    job.run = [run = std::move(l.run), keep = std::move(l.keep)] {
+    job.run = [run = std::move(l.run)] {
       const at::AutoDispatchBelowADInplaceOrView device_writes;
       run();
     };
@@ -275,14 +274,14 @@ at::Tensor ProcessGroupNpu::allocateTensor(long size, at::TensorOptions options)
 
 c10::intrusive_ptr<c10d::Work> ProcessGroupNpu::broadcast(TensorList& tensors, const c10d::BroadcastOptions& opts) {
   const auto device = check_tensors(name_ + " broadcast", tensors);
-  return launch({c10d::OpType::BROADCAST, "broadcast", device, tensors, tensors, nbytes(tensors),
+  return launch({c10d::OpType::BROADCAST, "broadcast", device, tensors, nbytes(tensors),
       [gloo = gloo_, a = cpu_views(tensors), opts]() mutable { gloo->broadcast(a, opts)->wait(); }});
 }
 
 c10::intrusive_ptr<c10d::Work> ProcessGroupNpu::allreduce(TensorList& tensors, const c10d::AllreduceOptions& opts) {
   const auto device = check_tensors(name_ + " all_reduce", tensors);
   Reduction r = make_reduction(name_ + " all_reduce", opts.reduceOp);
-  return launch({c10d::OpType::ALLREDUCE, "all_reduce", device, tensors, tensors, nbytes(tensors),
+  return launch({c10d::OpType::ALLREDUCE, "all_reduce", device, tensors, nbytes(tensors),
       [gloo = gloo_, a = cpu_views(tensors), r, opts = with_op(opts, r), size = size_]() mutable {
         for (auto& t : a) {
           if (r.premul) {
@@ -301,8 +300,8 @@ c10::intrusive_ptr<c10d::Work> ProcessGroupNpu::allreduce_coalesced(
   c10d::AllreduceOptions one;
   one.reduceOp = r.gloo_op;
   one.timeout = opts.timeout;
-  return launch({c10d::OpType::ALLREDUCE_COALESCED, "all_reduce_coalesced", device, tensors, tensors,
-      nbytes(tensors), [gloo = gloo_, a = cpu_views(tensors), r, one, size = size_]() mutable {
+  return launch({c10d::OpType::ALLREDUCE_COALESCED, "all_reduce_coalesced", device, tensors, nbytes(tensors),
+      [gloo = gloo_, a = cpu_views(tensors), r, one, size = size_]() mutable {
         for (auto& t : a) {
           if (r.premul) {
             t.mul_(r.scale());
@@ -317,7 +316,7 @@ c10::intrusive_ptr<c10d::Work> ProcessGroupNpu::allreduce_coalesced(
 c10::intrusive_ptr<c10d::Work> ProcessGroupNpu::reduce(TensorList& tensors, const c10d::ReduceOptions& opts) {
   const auto device = check_tensors(name_ + " reduce", tensors);
   Reduction r = make_reduction(name_ + " reduce", opts.reduceOp);
-  return launch({c10d::OpType::REDUCE, "reduce", device, tensors, tensors, nbytes(tensors),
+  return launch({c10d::OpType::REDUCE, "reduce", device, tensors, nbytes(tensors),
       [gloo = gloo_, a = cpu_views(tensors), r, opts = with_op(opts, r), rank = rank_, size = size_]() mutable {
         TensorList buffers = r.scaled(a);
         gloo->reduce(buffers, opts)->wait();
@@ -334,12 +333,8 @@ c10::intrusive_ptr<c10d::Work> ProcessGroupNpu::allgather(
     TensorLists& outputs, TensorList& inputs, const c10d::AllgatherOptions& opts) {
   const std::string op = name_ + " all_gather";
   const auto device = check_tensors(op, outputs, check_tensors(op, inputs));
-  TensorList keep = inputs;
-  for (const auto& l : outputs) {
-    keep.insert(keep.end(), l.begin(), l.end());
-  }
   return launch({c10d::OpType::ALLGATHER, "all_gather", device, outputs.empty() ? TensorList{} : outputs[0],
-      std::move(keep), nbytes(outputs), [gloo = gloo_, o = cpu_views(outputs), i = cpu_views(inputs), opts]() mutable {
+      nbytes(outputs), [gloo = gloo_, o = cpu_views(outputs), i = cpu_views(inputs), opts]() mutable {
         gloo->allgather(o, i, opts)->wait();
       }});
 }
@@ -352,7 +347,7 @@ c10::intrusive_ptr<c10d::Work> ProcessGroupNpu::_allgather_base(
       " elements, expected world size (", size_, ") x input (", input.numel(), ")");
   TORCH_CHECK(output.scalar_type() == input.scalar_type(), op, ": output dtype ", output.scalar_type(),
       " differs from input dtype ", input.scalar_type());
-  return launch({c10d::OpType::_ALLGATHER_BASE, "all_gather_into_tensor", device, {output}, {output, input},
+  return launch({c10d::OpType::_ALLGATHER_BASE, "all_gather_into_tensor", device, {output},
       nbytes({output}), [gloo = gloo_, o = flat_alias(output), i = flat_alias(input), opts]() mutable {
         gloo->_allgather_base(o, i, opts)->wait();
       }});
@@ -364,14 +359,12 @@ c10::intrusive_ptr<c10d::Work> ProcessGroupNpu::allgather_coalesced(
   const auto device = check_tensors(op, outputs, check_tensors(op, inputs));
   TORCH_CHECK(outputs.size() == inputs.size(), op, ": expected one output list per input, got ",
       outputs.size(), " lists for ", inputs.size(), " inputs");
-  TensorList keep = inputs;
   TensorList flat_outputs;
   for (const auto& l : outputs) {
-    keep.insert(keep.end(), l.begin(), l.end());
     flat_outputs.insert(flat_outputs.end(), l.begin(), l.end());
   }
-  return launch({c10d::OpType::ALLGATHER_COALESCED, "all_gather_coalesced", device, flat_outputs, std::move(keep),
-      nbytes(outputs), [gloo = gloo_, o = cpu_views(outputs), i = cpu_views(inputs), opts]() mutable {
+  return launch({c10d::OpType::ALLGATHER_COALESCED, "all_gather_coalesced", device, flat_outputs, nbytes(outputs),
+      [gloo = gloo_, o = cpu_views(outputs), i = cpu_views(inputs), opts]() mutable {
         for (size_t k = 0; k < i.size(); ++k) {
           TensorLists out{o[k]};
           TensorList in{i[k]};
@@ -393,10 +386,8 @@ c10::intrusive_ptr<c10d::Work> ProcessGroupNpu::allgather_into_tensor_coalesced(
     o.push_back(flat_alias(outputs[k]));
     i.push_back(flat_alias(inputs[k]));
   }
-  TensorList keep = inputs;
-  keep.insert(keep.end(), outputs.begin(), outputs.end());
-  return launch({c10d::OpType::COALESCED, "all_gather_into_tensor_coalesced", device, outputs, std::move(keep),
-      nbytes(outputs), [gloo = gloo_, o, i, opts]() mutable {
+  return launch({c10d::OpType::COALESCED, "all_gather_into_tensor_coalesced", device, outputs, nbytes(outputs),
+      [gloo = gloo_, o, i, opts]() mutable {
         for (size_t k = 0; k < i.size(); ++k) {
           gloo->_allgather_base(o[k], i[k], opts)->wait();
         }
@@ -407,12 +398,8 @@ c10::intrusive_ptr<c10d::Work> ProcessGroupNpu::gather(
     TensorLists& outputs, TensorList& inputs, const c10d::GatherOptions& opts) {
   const std::string op = name_ + " gather";
   const auto device = check_tensors(op, outputs, check_tensors(op, inputs));
-  TensorList keep = inputs;
-  for (const auto& l : outputs) {
-    keep.insert(keep.end(), l.begin(), l.end());
-  }
   return launch({c10d::OpType::GATHER, "gather", device, outputs.empty() ? TensorList{} : outputs[0],
-      std::move(keep), nbytes(inputs), [gloo = gloo_, o = cpu_views(outputs), i = cpu_views(inputs), opts]() mutable {
+      nbytes(inputs), [gloo = gloo_, o = cpu_views(outputs), i = cpu_views(inputs), opts]() mutable {
         gloo->gather(o, i, opts)->wait();
       }});
 }
@@ -421,11 +408,7 @@ c10::intrusive_ptr<c10d::Work> ProcessGroupNpu::scatter(
     TensorList& outputs, TensorLists& inputs, const c10d::ScatterOptions& opts) {
   const std::string op = name_ + " scatter";
   const auto device = check_tensors(op, inputs, check_tensors(op, outputs));
-  TensorList keep = outputs;
-  for (const auto& l : inputs) {
-    keep.insert(keep.end(), l.begin(), l.end());
-  }
-  return launch({c10d::OpType::SCATTER, "scatter", device, outputs, std::move(keep), nbytes(outputs),
+  return launch({c10d::OpType::SCATTER, "scatter", device, outputs, nbytes(outputs),
       [gloo = gloo_, o = cpu_views(outputs), i = cpu_views(inputs), opts]() mutable {
         gloo->scatter(o, i, opts)->wait();
       }});
@@ -436,11 +419,7 @@ c10::intrusive_ptr<c10d::Work> ProcessGroupNpu::reduce_scatter(
   const std::string op = name_ + " reduce_scatter";
   const auto device = check_tensors(op, inputs, check_tensors(op, outputs));
   Reduction r = make_reduction(op, opts.reduceOp);
-  TensorList keep = outputs;
-  for (const auto& l : inputs) {
-    keep.insert(keep.end(), l.begin(), l.end());
-  }
-  return launch({c10d::OpType::REDUCE_SCATTER, "reduce_scatter", device, outputs, std::move(keep), nbytes(inputs),
+  return launch({c10d::OpType::REDUCE_SCATTER, "reduce_scatter", device, outputs, nbytes(inputs),
       [gloo = gloo_, o = cpu_views(outputs), i = cpu_views(inputs), r, opts = with_op(opts, r), size = size_]() mutable {
         TensorLists buffers;
         for (const auto& l : i) {
@@ -458,7 +437,7 @@ c10::intrusive_ptr<c10d::Work> ProcessGroupNpu::_reduce_scatter_base(
   TORCH_CHECK(input.numel() == output.numel() * size_, op, ": input has ", input.numel(),
       " elements, expected world size (", size_, ") x output (", output.numel(), ")");
   Reduction r = make_reduction(op, opts.reduceOp);
-  return launch({c10d::OpType::_REDUCE_SCATTER_BASE, "reduce_scatter_tensor", device, {output}, {output, input},
+  return launch({c10d::OpType::_REDUCE_SCATTER_BASE, "reduce_scatter_tensor", device, {output},
       nbytes({input}), [gloo = gloo_, o = flat_alias(output), i = flat_alias(input), r, opts = with_op(opts, r),
                            size = size_]() mutable {
         at::Tensor buffer = r.scaled(i);
@@ -481,10 +460,8 @@ c10::intrusive_ptr<c10d::Work> ProcessGroupNpu::reduce_scatter_tensor_coalesced(
     o.push_back(flat_alias(outputs[k]));
     i.push_back(flat_alias(inputs[k]));
   }
-  TensorList keep = inputs;
-  keep.insert(keep.end(), outputs.begin(), outputs.end());
   return launch({c10d::OpType::REDUCE_SCATTER_TENSOR_COALESCED, "reduce_scatter_tensor_coalesced", device, outputs,
-      std::move(keep), nbytes(inputs), [gloo = gloo_, o, i, r, opts = with_op(opts, r), size = size_]() mutable {
+      nbytes(inputs), [gloo = gloo_, o, i, r, opts = with_op(opts, r), size = size_]() mutable {
         for (size_t k = 0; k < i.size(); ++k) {
           at::Tensor buffer = r.scaled(i[k]);
           gloo->_reduce_scatter_base(o[k], buffer, opts)->wait();
@@ -498,7 +475,7 @@ c10::intrusive_ptr<c10d::Work> ProcessGroupNpu::alltoall_base(at::Tensor& output
     const c10d::AllToAllOptions& opts) {
   const std::string op = name_ + " all_to_all_single";
   const auto device = check_tensors(op, {output}, check_tensors(op, {input}));
-  return launch({c10d::OpType::ALLTOALL_BASE, "all_to_all_single", device, {output}, {output, input},
+  return launch({c10d::OpType::ALLTOALL_BASE, "all_to_all_single", device, {output},
       nbytes({input}), [gloo = gloo_, o = cpu_view(output), i = cpu_view(input), os = output_split_sizes,
                            is = input_split_sizes, opts]() mutable {
         gloo->alltoall_base(o, i, os, is, opts)->wait();
@@ -509,9 +486,7 @@ c10::intrusive_ptr<c10d::Work> ProcessGroupNpu::alltoall(
     TensorList& outputs, TensorList& inputs, const c10d::AllToAllOptions& opts) {
   const std::string op = name_ + " all_to_all";
   const auto device = check_tensors(op, outputs, check_tensors(op, inputs));
-  TensorList keep = inputs;
-  keep.insert(keep.end(), outputs.begin(), outputs.end());
-  return launch({c10d::OpType::ALLTOALL, "all_to_all", device, outputs, std::move(keep), nbytes(inputs),
+  return launch({c10d::OpType::ALLTOALL, "all_to_all", device, outputs, nbytes(inputs),
       [gloo = gloo_, o = cpu_views(outputs), i = cpu_views(inputs), opts]() mutable {
         gloo->alltoall(o, i, opts)->wait();
       }});
@@ -519,7 +494,7 @@ c10::intrusive_ptr<c10d::Work> ProcessGroupNpu::alltoall(
 
 c10::intrusive_ptr<c10d::Work> ProcessGroupNpu::send(TensorList& tensors, int dst_rank, int tag) {
   const auto device = check_tensors(name_ + " send", tensors);
-  Launch l{c10d::OpType::SEND, "send", device, {}, tensors, nbytes(tensors)};
+  Launch l{c10d::OpType::SEND, "send", device, {}, nbytes(tensors)};
   l.post = [gloo = gloo_, a = cpu_views(tensors), dst_rank, tag]() mutable { return gloo->send(a, dst_rank, tag); };
   l.peer = dst_rank;
   return launch(std::move(l));
@@ -527,7 +502,7 @@ c10::intrusive_ptr<c10d::Work> ProcessGroupNpu::send(TensorList& tensors, int ds
 
 c10::intrusive_ptr<c10d::Work> ProcessGroupNpu::recv(TensorList& tensors, int src_rank, int tag) {
   const auto device = check_tensors(name_ + " recv", tensors);
-  Launch l{c10d::OpType::RECV, "recv", device, tensors, tensors, nbytes(tensors)};
+  Launch l{c10d::OpType::RECV, "recv", device, tensors, nbytes(tensors)};
   l.post = [gloo = gloo_, a = cpu_views(tensors), src_rank, tag]() mutable { return gloo->recv(a, src_rank, tag); };
   l.peer = src_rank;
   return launch(std::move(l));
@@ -546,7 +521,7 @@ c10::intrusive_ptr<c10d::Work> ProcessGroupNpu::barrier(const c10d::BarrierOptio
   }
   c10d::BarrierOptions gloo_opts;
   gloo_opts.timeout = opts.timeout;
-  Launch l{c10d::OpType::BARRIER, "barrier", device, {}, {}, 0,
+  Launch l{c10d::OpType::BARRIER, "barrier", device, {}, 0,
       [gloo = gloo_, gloo_opts] { gloo->barrier(gloo_opts)->wait(); }};
   l.host_blocking = true;  // NCCL's barrier blocks the host in wait()
   return launch(std::move(l));

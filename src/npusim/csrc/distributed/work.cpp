@@ -113,12 +113,27 @@ std::function<void(const std::string&, double)> NpuWork::completer() const {
 std::function<void(const std::string&)> NpuWork::releaser() const {
   // Marking the future may run Python callbacks and holds the outputs, so it
   // belongs to the release thread (Note [Comm stream]).
-  return [future = future_, outputs = outputs_](const std::string& error) {
-    if (error.empty()) {
-      future->markCompleted(c10::IValue(outputs));
-    } else {
+  // The outputs are held weakly (Note [Collectives hold no tensors]): the
+  // release thread runs when this machine gets to it, so a strong reference
+  // here would free them at a time the program does not decide.
+  std::vector<c10::weak_intrusive_ptr<c10::TensorImpl>> outputs;
+  outputs.reserve(outputs_.size());
+  for (const at::Tensor& t : outputs_) {
+    outputs.emplace_back(t.getIntrusivePtr());
+  }
+  return [future = future_, outputs = std::move(outputs)](const std::string& error) {
+    if (!error.empty()) {
       future->setError(backend_error(error));
+      return;
     }
+    std::vector<at::Tensor> alive;
+    alive.reserve(outputs.size());
+    for (const auto& weak : outputs) {
+      if (auto impl = weak.lock()) {
+        alive.emplace_back(std::move(impl));
+      }
+    }
+    future->markCompleted(c10::IValue(alive));
   };
 }
 
