@@ -127,6 +127,41 @@ def test_submodules_import_as_torch_npu_packages_do():
         torch.set_float32_matmul_precision(previous)
 
 
+def test_torch_npus_backend_switches_on_torch_npu():
+    """torch_npu's torch.npu carries the SDP switches (PyTorch's global flags), preferred_linalg_library (always
+    Default: no npu linalg library), torch.npu.aclnn (allow_hf32 is conv's flag; flags() sets it for a block),
+    get_soc_version and the deterministic-region marks, whose backward switches determinism back."""
+    import torch.npu.aclnn
+
+    previous = torch.npu.flash_sdp_enabled()
+    try:
+        torch.npu.enable_flash_sdp(not previous)
+        assert torch.backends.cuda.flash_sdp_enabled() is (not previous)
+    finally:
+        torch.npu.enable_flash_sdp(previous)
+    assert torch.npu.preferred_linalg_library("cusolver") == torch._C._LinalgBackend.Default
+    assert torch.npu.get_soc_version() == 221
+    conv = torch.npu.conv.allow_hf32
+    try:
+        torch.npu.aclnn.allow_hf32 = False
+        assert not torch.npu.conv.allow_hf32
+        with torch.npu.aclnn.flags(allow_hf32=True):
+            assert torch.npu.conv.allow_hf32 and torch.npu.aclnn.allow_hf32
+        assert not torch.npu.aclnn.allow_hf32
+    finally:
+        torch.npu.conv.allow_hf32 = conv
+    seen = []
+    x = torch.ones(3, device="npu", requires_grad=True)
+    y = torch.npu.enable_deterministic_with_backward(x * 2)
+    assert torch.are_deterministic_algorithms_enabled()
+    y.register_hook(lambda grad: seen.append(torch.are_deterministic_algorithms_enabled()))
+    z = torch.npu.disable_deterministic_with_backward(y * 3)
+    assert not torch.are_deterministic_algorithms_enabled()
+    z.sum().backward()
+    assert seen == [True] and not torch.are_deterministic_algorithms_enabled()
+    assert torch.equal(x.grad.cpu(), torch.full((3,), 6.0))
+
+
 def test_small_memory_and_arch_calls():
     """host_empty_cache keeps live pinned memory; _set_allocator_settings takes torch_npu's run-time keys only,
     with its value rules (test_allocator_settings.py has the rest)."""

@@ -9,6 +9,7 @@ attention kernels these switches select.
 
 from __future__ import annotations
 
+import torch
 import torch.backends.cuda as _cuda
 
 __all__ = [
@@ -25,4 +26,9 @@ enable_mem_efficient_sdp = _cuda.enable_mem_efficient_sdp
 math_sdp_enabled = _cuda.math_sdp_enabled
 enable_math_sdp = _cuda.enable_math_sdp
 sdp_kernel = _cuda.sdp_kernel
-preferred_linalg_library = _cuda.preferred_linalg_library
+
+
+def preferred_linalg_library(backend: None | str | torch._C._LinalgBackend = None) -> torch._C._LinalgBackend:
+    """torch_npu's: there is no npu linear-algebra library to choose, so every ``backend`` is accepted and
+    the answer is ``Default`` (torch.cuda's would switch CPU-visible global state to cusolver / magma)."""
+    return torch._C._LinalgBackend.Default

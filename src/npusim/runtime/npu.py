@@ -10,7 +10,17 @@ torch_npu and torch.cuda are listed in ``runtime/parity.py``.
 
 import torch
 
-from npusim.runtime import amp, graphs, memory, random, streams, utils  # noqa: F401  (torch.npu.<submodule>)
+from npusim.runtime import aclnn, amp, graphs, memory, random, streams, utils  # noqa: F401  (torch.npu.<submodule>)
+from npusim.runtime.backends import (  # torch_npu's torch.npu has torch.backends.npu's switches too
+    enable_flash_sdp,
+    enable_math_sdp,
+    enable_mem_efficient_sdp,
+    flash_sdp_enabled,
+    math_sdp_enabled,
+    mem_efficient_sdp_enabled,
+    preferred_linalg_library,
+    sdp_kernel,
+)
 from npusim.runtime.compat import (
     are_compatible_impl_enabled,
     config,
@@ -25,6 +35,7 @@ from npusim.runtime.compat import (
     set_option,
     use_compatible_impl,
 )
+from npusim.runtime.deterministic import disable_deterministic_with_backward, enable_deterministic_with_backward
 from npusim.runtime.device import (
     _get_device_index,
     _lazy_call,
@@ -120,13 +131,14 @@ from npusim.runtime.streams import (
     stream,
     synchronize_stream,
 )
+from npusim.runtime.utils import get_soc_version  # torch_npu.npu's, from its _backends
 
 # What the caching allocator raises when the device's memory (or this process's share) is spent: torch's
 # own class, as torch.cuda.OutOfMemoryError is.
 OutOfMemoryError = torch.OutOfMemoryError
 
 # The submodules `import torch.npu.<name>` finds (torch_npu's torch.npu is a package).
-SUBMODULES = ("amp", "graphs", "memory", "random", "streams", "utils")
+SUBMODULES = ("aclnn", "amp", "graphs", "memory", "random", "streams", "utils")
 
 # As torch.cuda.default_generators: one per device, fixed once npusim is imported.
 default_generators: tuple[torch.Generator, ...] = _default_generators()
@@ -134,10 +146,13 @@ default_generators: tuple[torch.Generator, ...] = _default_generators()
 __all__ = [
     "_dump_snapshot", "_get_device_index", "_is_in_bad_fork", "_lazy_call", "_lazy_init", "_NPUDeviceProperties",
     "_sleep",
-    "_record_memory_history", "_snapshot", "amp", "are_compatible_impl_enabled", "caching_allocator_alloc",
+    "_record_memory_history", "_snapshot", "aclnn", "amp", "are_compatible_impl_enabled", "caching_allocator_alloc",
     "caching_allocator_delete",
     "can_device_access_peer", "config", "conv", "current_device", "current_stream", "default_generator",
-    "default_generators", "default_stream", "device", "device_count", "device_of", "empty_cache", "Event",
+    "default_generators", "default_stream", "device", "device_count", "device_of",
+    "disable_deterministic_with_backward", "empty_cache", "enable_deterministic_with_backward", "enable_flash_sdp",
+    "enable_math_sdp", "enable_mem_efficient_sdp", "Event", "flash_sdp_enabled", "get_soc_version",
+    "math_sdp_enabled", "mem_efficient_sdp_enabled", "preferred_linalg_library", "sdp_kernel",
     "get_allocator_backend", "get_amp_supported_dtype", "get_arch_list", "get_autocast_dtype",
     "get_device_capability", "get_device_name", "get_device_properties", "get_per_process_memory_fraction",
     "get_rng_state", "get_rng_state_all", "get_sync_debug_mode", "graph", "graph_pool_handle", "graphs",

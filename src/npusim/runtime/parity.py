@@ -71,6 +71,11 @@ FRAMEWORK_PROVIDED: dict[str, str] = {
                                                      "(torch_npu's test/npu/test_graph_tree.py)",
     "torch_npu.npu.utils._get_device_index": "torch_npu's device-index helper",
     "torch_npu.npu.utils.get_cann_version": "the profile's CANN version (torch_npu's test helpers)",
+    "torch_npu.npu.aclnn": "allow_hf32 (conv's flag, stored) and flags() (torch_npu's test_torch_backends)",
+    "torch_npu.npu.enable_flash_sdp": "PyTorch's SDP flags, as torch_npu.npu's _backends; math / mem_efficient too",
+    "torch_npu.npu.preferred_linalg_library": "Default for every backend, as torch_npu's",
+    "torch_npu.npu.enable_deterministic_with_backward": "use_deterministic_algorithms over a forward and backward "
+                                                        "region (and disable_deterministic_with_backward)",
     "torch_npu.npu.utils.get_soc_version": "the simulated SoC's SocVersion number (torch_npu's test_allocator_envs)",
     "torch_npu.npu.utils._is_gte_cann_version": "compares with the profile's CANN version",
     "torch_npu.npu._lazy_call": "runs the callable now (MindSpeed's tensor_parallel.random, DeepSpeed)",
