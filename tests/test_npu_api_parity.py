@@ -401,13 +401,19 @@ def test_name_exists_and_behaves_like_torch_cuda(name):
 
 
 def test_torch_npu_only_names():
-    """set_compile_mode, set_option, config, matmul/conv.allow_hf32 and the autocast helpers are present."""
+    """set_compile_mode, set_option (with torch_npu's value checks), config, matmul/conv.allow_hf32 and the autocast
+    helpers are present."""
     m = torch.npu
     m.set_compile_mode(jit_compile=True)
     assert not m.is_jit_compile_false()
     m.set_compile_mode(jit_compile=False)
     assert m.is_jit_compile_false()
-    m.set_option({"ACL_OP_COMPILER_CACHE_MODE": "enable"})
+    m.set_option({"ACL_OP_COMPILER_CACHE_MODE": "enable", "ACL_AICORE_NUM": 32, "ACL_DEBUG_DIR": "anything"})
+    for option, message in ((("ACL_PRECISION_MODE", "500"), "ACL_PRECISION_MODE should be one of"),
+                            (("ACL_OP_DEBUG_LEVEL", "300"), "ACL_OP_DEBUG_LEVEL should be one of"),
+                            (("ACL_AICORE_NUM", "at"), "ACL_AICORE_NUM should be an integer from 1 to 32")):
+        with pytest.raises(ValueError, match=message):  # torch_npu's checks of the compile options' values
+            m.set_option(dict([option]))
     assert m.config.allow_internal_format is False and m.matmul.allow_hf32 is False and m.conv.allow_hf32 is True
     assert not m.is_autocast_enabled()
     with torch.autocast("npu", dtype=torch.bfloat16):

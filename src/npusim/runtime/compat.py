@@ -31,11 +31,33 @@ def is_jit_compile_false() -> bool:
     return _options.get("jitCompile", "disable") == "disable"
 
 
+# torch_npu's checks of the ACL compile options' values (npu_config._option_map); other options take any value.
+_OPTION_VALUES: dict[str, tuple[str, ...]] = {
+    "ACL_PRECISION_MODE": ("allow_fp32_to_fp16", "must_keep_origin_dtype"),
+    "ACL_OP_SELECT_IMPL_MODE": ("high_performance", "high_precision"),
+    "ACL_OP_DEBUG_LEVEL": ("0", "1", "2", "3", "4"),
+    "ACL_OP_COMPILER_CACHE_MODE": ("disable", "enable", "force"),
+}
+
+
+def _valid_option(name: str, value: str) -> bool:
+    if name == "ACL_AICORE_NUM":
+        return value.isdigit() and 1 <= int(value) <= 32
+    return name not in _OPTION_VALUES or value in _OPTION_VALUES[name]
+
+
 def set_option(option: dict[str, Any]) -> None:
-    """Stored only (torch_npu: ACL options such as ``ACL_OP_COMPILER_CACHE_MODE``)."""
+    """Stored only (torch_npu: ACL options such as ``ACL_OP_COMPILER_CACHE_MODE``); a value torch_npu
+    refuses for an option it checks (precision and impl modes, debug level, cache mode, AI core count
+    1-32) is a ValueError, as there, and nothing of the dict is stored then."""
     if not isinstance(option, dict):
         raise TypeError(f"torch.npu.set_option: expected a dict of options, got {type(option).__name__}")
-    _options.update({str(k): str(v) for k, v in option.items()})
+    values = {str(k): str(v) for k, v in option.items()}
+    for name, value in values.items():
+        if not _valid_option(name, value):
+            expected = "an integer from 1 to 32" if name == "ACL_AICORE_NUM" else f"one of {_OPTION_VALUES[name]}"
+            raise ValueError(f"torch.npu.set_option: value of {name} should be {expected}, got {value!r}")
+    _options.update(values)
 
 
 def use_compatible_impl(is_enable: bool) -> None:
