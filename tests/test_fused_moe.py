@@ -196,10 +196,12 @@ def test_moe_init_routing_v2_modes(drop_pad, row_idx_type, kind, expert_range, a
         assert torch.equal(g.cpu(), torch.from_numpy(np.asarray(w)).to(g.dtype)), name
 
 
-@pytest.mark.parametrize("dtype", DTYPES)
+@pytest.mark.parametrize("dtype", [*DTYPES, torch.int8])
 def test_moe_init_routing_v2_keeps_x_dtype(dtype):
-    """expanded_x has x's dtype and exactly x's rows (routing copies, no arithmetic)."""
-    x, expert_idx = randn(5, 8, dtype=dtype), _experts(5, 2, 4)
+    """expanded_x has x's dtype and exactly x's rows (routing copies, no arithmetic); int8 x too, as op-plugin's
+    docs and its test_npu_moe_init_routing_no_quant have it."""
+    x = torch.randint(-128, 128, (5, 8), dtype=dtype) if dtype == torch.int8 else randn(5, 8, dtype=dtype)
+    expert_idx = _experts(5, 2, 4)
     expanded, row_idx, _, _ = ops.npu_moe_init_routing_v2(x.npu(), expert_idx.npu(), expert_num=4)
     order = torch.from_numpy(np.argsort(expert_idx.reshape(-1).numpy(), kind="stable"))
     assert expanded.dtype == dtype and torch.equal(expanded.cpu(), x[order // 2])

@@ -97,7 +97,8 @@ def _check_init_routing_v2(x: Tensor, expert_idx: Tensor, scale: Tensor | None, 
           f"only the unquantized mode is simulated (quant_mode=-1, x_dtype=None), got quant_mode={quant_mode}, "
           f"x_dtype={x_dtype}")
     check(offset is None, op, "offset is for the quantized modes; it must be None with quant_mode=-1")
-    check_dtype(op, "x", x, _FLOAT)
+    # op-plugin's docs: x is float16, bfloat16, float32 or int8 (unquantized, expanded_x keeps it: routing copies).
+    check_dtype(op, "x", x, (*_FLOAT, torch.int8))
     check_dim(op, "x", x, (2,))
     check_dtype(op, "expert_idx", expert_idx, _INT32)
     check(expert_idx.dim() == 2 and expert_idx.shape[0] == x.shape[0], op,
