@@ -95,7 +95,7 @@ def _collective_cost(launch_us: float, link_gbps: float) -> Callable[[str, int, 
 
 def apply_chip_clock() -> None:
     """Gives the chip clock the current model's settings and the current profile's host figures
-    (called again when the profile changes)."""
+    (a profile that becomes current sends its own figures: profiles._activate)."""
     current, profile = get(), get_profile()
     acl.set_chip_clock(current.enabled, current.realtime, profile.host_launch_us,
                        profile.host_cpu_factor if current.host == "measured" else 0.0)
