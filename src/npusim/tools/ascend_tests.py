@@ -170,7 +170,8 @@ def _selected(args: argparse.Namespace, scratch: Path) -> list[tuple[str, Path, 
         root = _tree(args.op_plugin, "test", args.rev, scratch)
         chosen += [("op-plugin", f, root) for f in fused_operator_files(root, set(OPS))]
     if args.torch_npu is not None:
-        root = _tree(args.torch_npu, "test/npu", args.rev, scratch)
+        # All of test/: some test/npu files read their sibling data (allowlist_for_publicAPI.json, the schema).
+        root = _tree(args.torch_npu, "test", args.rev, scratch) / "npu"
         chosen += [("torch_npu", f, root) for f in torch_npu_files(root)]
     patterns = args.files.split(",") if args.files else None
     return [(suite, f, root) for suite, f, root in chosen
