@@ -14,14 +14,6 @@ PACKAGE = ROOT / "src" / "npusim"
 CSRC = PACKAGE / "csrc"
 TESTS = ROOT / "tests"
 
-# Stale references inside C++ comments, which the change that added this test could not fix (the C++
-# had another owner then); an entry goes once its comment is fixed (a fix may be under way in the C++).
-STALE_IN_CXX_NOTES = {"Collectives hold no tensors": "csrc/distributed/work.cpp"}
-STALE_IN_CXX_FILES = {
-    ("csrc/aten/cuda_semantics.cpp", "runtime.cpp"), ("csrc/aten/fallback.cpp", "runtime.cpp"),
-    ("csrc/aten/fallback.cpp", "memory.cpp"), ("csrc/runtime/core_api.h", "runtime.cpp"),
-    ("csrc/runtime/core_api.h", "runtime.h"),
-}
 # Notes of other projects that npusim's comments cite by name, with where they are defined.
 EXTERNAL_NOTES = {"Interaction with CUDA graph capture": "PyTorch's c10/cuda/CUDACachingAllocator.cpp"}
 # PyTorch sources C++ comments name by their bare file name.
@@ -89,7 +81,7 @@ def test_every_cited_note_is_defined():
     """Each Note cited in the tree is defined (a comment paragraph opened by its name) somewhere."""
     defined = _defined_notes()
     missing = {title: sorted(where) for title, where in _cited_notes().items()
-               if title not in defined and title not in EXTERNAL_NOTES and title not in STALE_IN_CXX_NOTES}
+               if title not in defined and title not in EXTERNAL_NOTES}
     assert missing == {}, "cited Notes that nothing defines"
 
 
@@ -120,7 +112,7 @@ def test_every_file_a_comment_names_exists():
     for path in _sources():
         where = str(path.relative_to(PACKAGE if path.is_relative_to(PACKAGE) else ROOT))
         for ref in _named_files(path):
-            if not _exists(ref, path) and (where, ref) not in STALE_IN_CXX_FILES:
+            if not _exists(ref, path):
                 missing.append(f"{where}: {ref}")
     assert missing == [], "comments naming files that do not exist:\n" + "\n".join(sorted(missing))
 

@@ -18,7 +18,7 @@
 //     _thnn_fused_gru_cell) and CPU lacks; npu implements them.
 //  4. SyncBatchNorm statistics (npusim/ops/sync_batch_norm.py):
 //     batch_norm_stats and the four ops after it exist for CUDA only.
-//  5. Fork after use (runtime.cpp, Note [Fork after npu use]): the child
+//  5. Fork after use (runtime/device.cpp, Note [Fork after npu use]): the child
 //     raises, as CUDA's does; CPU has no such state.
 //  6. Dtypes CUDA's kernel takes and CPU's refuses (this file, Note [Dtypes
 //     CUDA accepts and CPU refuses]): histc of integers, abs and trace of

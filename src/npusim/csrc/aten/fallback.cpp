@@ -50,11 +50,11 @@ namespace npusim {
 //   17.8k  structured ops' functional and in-place variants straight to the
 //          fallback (Note [Structured ops go straight to the fallback],
 //          fallback_routes.cpp), their outputs from the npu caching
-//          allocator (Note [CPU kernels allocate device memory], memory.cpp:
+//          allocator (Note [CPU kernels allocate device memory], cpu_allocator.cpp:
 //          about 3k fewer than adopting host memory, which would also have
 //          changed the memory statistics), the fresh result turned into the
 //          npu tensor itself (back()), and a count of unfinished stream tasks
-//          that lets a free skip the scan when there are none (runtime.cpp).
+//          that lets a free skip the scan when there are none (stream.cpp).
 //   16.9k  reused CPU aliases (Note [Reused CPU aliases]).
 //   14.6k  unboxed kernels for the hottest ops (Note [Unboxed fallback
 //          kernels]): no boxing, and no GIL taken for the boxed copy of an

@@ -2,7 +2,7 @@
 //
 // Python loads extensions with RTLD_LOCAL, so another extension (the
 // collective backend, npusim_dist_C) cannot resolve symbols of npusim_C, and
-// compiling runtime.cpp into it again would create a second, disconnected
+// compiling the runtime floor into it again would create a second, disconnected
 // runtime (its own streams, allocator and deferred frees). The core hands out
 // this table instead, in a PyCapsule named kCoreApiCapsule from
 // `npusim._C.core_api()`. Both extensions are compiled by npusim._build with
@@ -49,7 +49,7 @@ struct CoreApi {
   // Link time of a transfer of `bytes` under the timing model (0 when off).
   double (*link_task_us)(size_t bytes);
   // A counter of issued / finished work that device-memory frees wait for
-  // (see runtime.h), and the call that releases frees whose fences passed.
+  // (see stream.h), and the call that releases frees whose fences passed.
   FenceCounter* (*new_fence_counter)();
   void (*maybe_reclaim)();
   // The interrupt check of host waits (Note [Interruptible host waits] in host_wait.h).

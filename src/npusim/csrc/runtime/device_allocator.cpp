@@ -409,12 +409,6 @@ std::vector<const void*> pool_live_allocations(c10::DeviceIndex device, c10::Mem
   return c.pool_live_allocations_locked(id);
 }
 
-c10::MempoolId_t pool_of(c10::DeviceIndex device, const void* ptr) {
-  DeviceCache& c = cache(device, "npu private pool");
-  std::lock_guard<std::mutex> lock(c.mutex);
-  return c.pool_of_locked(ptr);
-}
-
 std::shared_ptr<PoolCheckpoint> checkpoint_pool(c10::DeviceIndex device, c10::MempoolId_t id) {
   DeviceCache& c = cache(device, "npu private pool checkpoint");
   maybe_reclaim_deferred_frees();

@@ -145,8 +145,6 @@ void release_pool(c10::DeviceIndex device, c10::MempoolId_t id);
 int pool_use_count(c10::DeviceIndex device, c10::MempoolId_t id);
 // The addresses of the pool's allocated blocks.
 std::vector<const void*> pool_live_allocations(c10::DeviceIndex device, c10::MempoolId_t id);
-// The pool a block at `ptr` of `device` comes from ({0, 0}: the device's own, or not a block).
-c10::MempoolId_t pool_of(c10::DeviceIndex device, const void* ptr);
 
 // A private pool's layout (CUDA's PrivatePoolState): each segment's blocks
 // with their addresses, sizes and whether they were allocated.

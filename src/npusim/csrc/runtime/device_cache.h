@@ -203,7 +203,6 @@ class DeviceCache {
   std::shared_ptr<PoolCheckpoint> checkpoint_pool_locked(c10::MempoolId_t id) const;
   // (the addresses it freed, the blocks it allocated)
   std::pair<std::vector<void*>, std::vector<Block*>> restore_pool_locked(const PoolCheckpoint& checkpoint);
-  c10::MempoolId_t pool_of_locked(const void* ptr) const;
 
  private:
   BlockPool& pool_for_locked(size_t size, c10::StreamId stream);

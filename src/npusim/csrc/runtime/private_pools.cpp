@@ -109,11 +109,6 @@ Block* DeviceCache::from_use_on_oom_pools_locked(c10::StreamId stream, size_t si
   return nullptr;
 }
 
-c10::MempoolId_t DeviceCache::pool_of_locked(const void* ptr) const {
-  const Block* b = allocated_block(ptr);
-  return b == nullptr || b->pool->owner == nullptr ? c10::MempoolId_t{0, 0} : b->pool->owner->id;
-}
-
 std::vector<const void*> DeviceCache::pool_live_allocations_locked(c10::MempoolId_t id) const {
   const PrivatePool* pp = private_pool_locked(id);
   std::vector<const void*> live;
