@@ -130,31 +130,43 @@ void stream_wait_event(NpuStream& stream, const NpuEvent& event) {
   }, 0.0, "wait_event", TaskKind::kWait);
 }
 
-bool event_query(const NpuEvent& event) {
+namespace {
+// Whether the stream has reached the event's record: under the chip clock in
+// chip time (it first waits, in real time, for the record to run, so that the
+// answer never depends on this machine's speed; Note [Chip clock]), which a
+// user's query pays for with a little host time (charge_host) and reading a
+// time (elapsed_time) does not. `call` names the caller in refusals.
+bool query_event(const NpuEvent& event, const char* call, bool charge_host) {
   auto record = event.record;
   if (record && record->capture_id != 0) {
-    refuse_captured_event(*record, "Event.query");
+    refuse_captured_event(*record, call);
   }
-  refuse_unsafe_call_during_capture("Event.query", nullptr);
+  refuse_unsafe_call_during_capture(call, nullptr);
   if (event.device >= 0 && device_failed(event.device)) {
-    raise_device_failure(event.device, "Event.query");  // Note [Sticky device errors]
+    raise_device_failure(event.device, call);  // Note [Sticky device errors]
   }
   if (!record) {
     return true;
   }
   if (chip_clock_on() && !realtime_timing()) {
-    // In chip time, never in this machine's: Note [Chip clock].
     double chip_us = 0.0;
     {
       std::unique_lock<std::mutex> lock(record->mutex);
       wait_on_host(record->cv, lock, -1.0, [&] { return record->done; });  // Note [Interruptible host waits]
       chip_us = record->chip_us;
     }
-    host_query();
+    if (charge_host) {
+      host_query();
+    }
     return chip_us <= host_clock_us();
   }
   std::lock_guard<std::mutex> lock(record->mutex);
   return record->done;
+}
+}  // namespace
+
+bool event_query(const NpuEvent& event) {
+  return query_event(event, "Event.query", /*charge_host=*/true);
 }
 
 void event_synchronize(const NpuEvent& event) {
@@ -179,24 +191,6 @@ void event_synchronize(const NpuEvent& event) {
   }
 }
 
-namespace {
-// Event.query's answer without its own cost on the host's clock (elapsed_time
-// asks it of both events, and reading a time must not move the clock).
-bool completed_by_now(const NpuEvent& event) {
-  refuse_unsafe_call_during_capture("Event.elapsed_time", nullptr);
-  if (event.device >= 0 && device_failed(event.device)) {
-    raise_device_failure(event.device, "Event.elapsed_time");  // Note [Sticky device errors]
-  }
-  const auto& record = event.record;
-  std::unique_lock<std::mutex> lock(record->mutex);
-  if (chip_clock_on() && !realtime_timing()) {
-    wait_on_host(record->cv, lock, -1.0, [&] { return record->done; });  // Note [Chip clock]
-    return record->chip_us <= host_clock_us();
-  }
-  return record->done;
-}
-}  // namespace
-
 double event_elapsed_ms(const NpuEvent& start, const NpuEvent& end) {
   TORCH_CHECK(start.enable_timing && end.enable_timing,
       "elapsed_time: both events must be created with enable_timing=True");
@@ -210,7 +204,8 @@ double event_elapsed_ms(const NpuEvent& start, const NpuEvent& end) {
   TORCH_CHECK(start.device == end.device,
       "elapsed_time: both events must be recorded on the same device, got npu:",
       static_cast<int>(start.device), " and npu:", static_cast<int>(end.device));
-  TORCH_CHECK(completed_by_now(start) && completed_by_now(end),
+  TORCH_CHECK(query_event(start, "Event.elapsed_time", /*charge_host=*/false) &&
+      query_event(end, "Event.elapsed_time", /*charge_host=*/false),
       "elapsed_time: both events must have completed; synchronize them first");
   if (start.record->on_chip_clock && end.record->on_chip_clock) {
     return (end.record->chip_us - start.record->chip_us) / 1e3;  // Note [Chip clock]
