@@ -104,3 +104,21 @@ def test_launch_blocking_is_set_in_process(set_launch_blocking):
         dst.copy_(src)
         assert torch.npu.current_stream().pending() == 1
     assert blocked_s >= 0.015
+
+
+def test_ranks_per_node_from_the_override_then_the_launcher(monkeypatch: pytest.MonkeyPatch):
+    """Collectives are priced with NPUSIM_RANKS_PER_NODE, else torchrun's LOCAL_WORLD_SIZE, else the
+    profile's server size; a value that is not a whole number >= 1 is refused naming the variable."""
+    monkeypatch.delenv("NPUSIM_RANKS_PER_NODE", raising=False)
+    monkeypatch.delenv("LOCAL_WORLD_SIZE", raising=False)
+    assert config.ranks_per_node() is None
+    assert npusim.timing.ranks_per_node() == npusim.get_profile().ranks_per_node
+    monkeypatch.setenv("LOCAL_WORLD_SIZE", "4")
+    assert npusim.timing.ranks_per_node() == 4
+    monkeypatch.setenv("NPUSIM_RANKS_PER_NODE", "2")
+    assert npusim.timing.ranks_per_node() == 2
+    for bad in ("0", "2.5", "two"):
+        monkeypatch.setenv("NPUSIM_RANKS_PER_NODE", bad)
+        with pytest.raises(config.ConfigError,
+                           match=f"NPUSIM_RANKS_PER_NODE: expected a whole number of ranks >= 1, got '{bad}'"):
+            config.ranks_per_node()
