@@ -43,12 +43,15 @@ sys.exit(worker.main(sys.argv[1:]))
 def _expectation_tasks() -> list[sweep.Task]:
     """Issue 24's stale or missing expectations, on all their samples: the sparse ops in every CPU dtype,
     linalg.lu_solve complex64, fp16 mish, and chunked linear_cross_entropy in bf16 and fp16 (issue 39: the
-    entries name their failing samples)."""
+    entries name their failing samples); bf16 and fp16 binary_cross_entropy_with_logits, computed in float32 as
+    on the chip (issue 43)."""
     ops = compare.ops_by_name()
     tasks = [sweep.Task(name, str(d).removeprefix("torch."), None)
              for name in ("to_sparse", "sparse.mm.reduce", "sparse.sampled_addmm") for d in ops[name].dtypes]
     tasks += [sweep.Task(f"nn.functional.linear_cross_entropy.{variant}", dtype, None)
               for variant in ("chunked", "chunked_none") for dtype in ("bfloat16", "float16")]
+    tasks += [sweep.Task("nn.functional.binary_cross_entropy_with_logits", dtype, None)
+              for dtype in ("bfloat16", "float16")]
     return [*tasks, sweep.Task("linalg.lu_solve", "complex64", None), sweep.Task("nn.functional.mish", "float16", None)]
 
 
@@ -143,7 +146,8 @@ def test_sparse_result_raises_an_error_naming_the_layout() -> None:
 def test_expected_failures_hold_in_every_dtype(swept: judge.Summary) -> None:
     """Issue 24's stale or missing expectations (_expectation_tasks): the sparse ops error (xfail) in every
     CPU dtype, linalg.lu_solve complex64 and fp16 mish (gradients included) pass, bf16 and fp16 chunked
-    linear_cross_entropy differ on exactly the samples their entries name; nothing fails, errs or xpasses."""
+    linear_cross_entropy and binary_cross_entropy_with_logits differ on exactly the samples their entries name;
+    nothing fails, errs or xpasses."""
     tasks = _expectation_tasks()
     pairs = {(t.op, t.dtype) for t in tasks}
     bad = [f"{r.op} {r.dtype} sample {r.index} {r.phase}: {r.status}: {r.detail}"

@@ -54,11 +54,22 @@ CHUNKED_ACCUMULATION = (
     "with CPU's choices passed explicitly npu equals CPU bit for bit (tests/test_conformance_ops.py); the samples "
     "named are those whose difference exceeds assert_close's tolerance, the others agree")
 
+CHIP_PRECISION = (
+    "chip precision: binary_cross_entropy_with_logits has no CPU kernel, so CPU runs PyTorch's composite and "
+    "its backward formula, rounding every step to the 16-bit dtype; npu computes on float32 copies and rounds "
+    "once, as the chip's aclnn kernel does and torch_npu's tests expect "
+    "(Note [float16 losses computed in float32], ops/chip_upcast.py); the samples named are those whose "
+    "difference exceeds assert_close's tolerance, the others agree")
+
 EXPECTED_FAILURES: dict[str, XFail | tuple[XFail, ...]] = {
     # Failing samples named: a sample-limited sweep (CI's) must not find these entries stale.
     'pca_lowrank': _x(RANDOMIZED, 'complex64', phase='backward', samples='0 1 2 3 4 5 6 7 8 9 10 11 12 13 14 15'),
     'svd_lowrank': (_x(RANDOMIZED, 'complex64', phase='backward', samples='0 1 2 3 4 5 6 7 14'),
                     _x(RANDOMIZED, 'float32', phase='backward', samples='12')),
+    'nn.functional.binary_cross_entropy_with_logits': (
+        _x(CHIP_PRECISION, 'bfloat16 float16', phase='forward', samples='7 10 13 16 19 22 25'),
+        _x(CHIP_PRECISION, 'bfloat16', phase='backward', samples='6 8 9 11 12 15 18 20 21 23 24'),
+        _x(CHIP_PRECISION, 'float16', phase='backward', samples='12 15 18 21 23 24')),
     'nn.functional.linear_cross_entropy.chunked': (
         _x(CHUNKED_ACCUMULATION, 'bfloat16 float16', phase='forward', samples='115 126'),
         _x(CHUNKED_ACCUMULATION, 'bfloat16', phase='backward',

@@ -6,7 +6,8 @@ npu (see ``npusim.ops.foreach_copy`` for its routing), the fused attention
 kernels (``npusim.ops.attention``), the fused RNN cells
 (``npusim.ops.rnn_cells``) and SyncBatchNorm's statistics
 (``npusim.ops.sync_batch_norm``), torch_npu's ``aten::matmul_backward``
-(``npusim.ops.matmul_backward``), CUDA-only ops PyTorch calls on an npu tensor,
+(``npusim.ops.matmul_backward``), the losses the chip computes in float32 for
+16-bit operands (``npusim.ops.chip_upcast``), CUDA-only ops PyTorch calls on an npu tensor,
 op-plugin's fused operators (``npusim.ops.fused``), and then routes structured
 ops' functional and in-place variants, and the ops whose composite would stand
 in for CPU's own kernel, straight to the CPU fallback (:data:`FALLBACK_ROUTES`,
@@ -14,7 +15,7 @@ except :data:`~npusim.ops.routes.CUDA_RUNS_THE_COMPOSITE`). Which file provides 
 listed by tests/test_registration.py.
 """
 
-from npusim.ops import attention, foreach_copy, fused, matmul_backward, rnn_cells, sync_batch_norm
+from npusim.ops import attention, chip_upcast, foreach_copy, fused, matmul_backward, rnn_cells, sync_batch_norm
 from npusim.ops.foreach_copy import (
     foreach_copy_mode,
     get_foreach_copy_mode,
@@ -37,6 +38,7 @@ def register() -> None:
     rnn_cells.register()
     sync_batch_norm.register()
     matmul_backward.register()  # torch_npu's device kernel of aten::matmul_backward (DTensor shards it)
+    chip_upcast.register()  # Note [float16 losses computed in float32]
     foreach_copy.register()
     fused.register()  # op-plugin's fused operators (torch.ops.npu.npu_*)
     # Last: the rule sees the registrations above and leaves ops with npu kernels alone.
