@@ -14,7 +14,8 @@ import npusim
 from npusim.runtime import cost_model
 from npusim.runtime.profiles import PRESETS
 
-TRAINING, INFERENCE = PRESETS["training_soc"], PRESETS["inference_soc"]
+# The roofline tests price at the peaks (roofline=True); the calibrated ones at the presets' efficiencies.
+TRAINING, INFERENCE = (PRESETS[name].replace(roofline=True) for name in ("training_soc", "inference_soc"))
 
 
 def _meta(*shape: int, dtype: torch.dtype = torch.float16) -> torch.Tensor:
@@ -138,17 +139,20 @@ def test_compute_task_us_adds_the_launch_cost():
     """The hook's duration: the roofline time plus the timing model's launch_us; a convolution's single
     result is handed to its formula as the tensor it returns (its output size decides the count)."""
     a = _meta(1024, 1024)
-    base = cost_model.op_cost(torch.ops.aten.mm.default, (a, a), {}, torch.mm(a, a)).us
-    assert npusim.timing.compute_task_us(torch.ops.aten.mm.default, [a, a], [torch.mm(a, a)],
-                                         launch_us=12.5) == pytest.approx(base + 12.5)
-    assert math.isclose(base, 2 * 1024 ** 3 / (TRAINING.cube_tflops * 1e6))  # the default profile's chip
-    x, w = _meta(8, 16, 32, 32), _meta(32, 16, 3, 3)
-    conv = torch.ops.aten.convolution.default
-    inputs = [x, w, None, [1, 1], [1, 1], [1, 1], False, [0, 0], 1]
-    y = conv(*inputs)
-    flops = 2 * 8 * 32 * 32 * 32 * 16 * 9  # 2 * N * H * W * C_out * C_in * k^2
-    assert npusim.timing.compute_task_us(conv, inputs, [y], launch_us=0.0) == pytest.approx(
-        max(flops / (TRAINING.cube_tflops * 1e6), (x.nbytes + w.nbytes + y.nbytes) / (TRAINING.hbm_gbps * 1e3)))
+    with npusim.use_profile("training_soc", roofline=True):  # the current profile prices the hook's tasks
+        base = cost_model.op_cost(torch.ops.aten.mm.default, (a, a), {}, torch.mm(a, a)).us
+        assert npusim.timing.compute_task_us(torch.ops.aten.mm.default, [a, a], [torch.mm(a, a)],
+                                             launch_us=12.5) == pytest.approx(base + 12.5)
+        assert math.isclose(base, 2 * 1024 ** 3 / (TRAINING.cube_tflops * 1e6))
+        x, w = _meta(8, 16, 32, 32), _meta(32, 16, 3, 3)
+        conv = torch.ops.aten.convolution.default
+        inputs = [x, w, None, [1, 1], [1, 1], [1, 1], False, [0, 0], 1]
+        y = conv(*inputs)
+        flops = 2 * 8 * 32 * 32 * 32 * 16 * 9  # 2 * N * H * W * C_out * C_in * k^2
+        assert npusim.timing.compute_task_us(conv, inputs, [y], launch_us=0.0) == pytest.approx(
+            max(flops / (TRAINING.cube_tflops * 1e6), (x.nbytes + w.nbytes + y.nbytes) / (TRAINING.hbm_gbps * 1e3)))
+    calibrated = npusim.timing.compute_task_us(torch.ops.aten.mm.default, [a, a], [torch.mm(a, a)], launch_us=0.0)
+    assert calibrated == pytest.approx(base / PRESETS["training_soc"].cube_eff_medium)  # 341 FLOP/B: medium
 
 
 def test_timing_settings_turn_the_compute_model_on():

@@ -11,7 +11,9 @@ Here a step over a link costs
     step_us = latency_us + bytes / (gbps x 1e3)        (1 GB/s moves 1e3 bytes a microsecond)
 
 and every rank runs its steps in parallel with the others, so the collective lasts as long as one
-rank's steps. The reduction's own arithmetic (HCCL's gamma term) is left out: the chip reduces at
+rank's steps. A link moves bytes at its peak times the profile's bus efficiency (bus_eff, Note
+[Calibrated efficiencies] in runtime/profiles.py; 1.0 for a roofline profile, as in the worked
+example below). The reduction's own arithmetic (HCCL's gamma term) is left out: the chip reduces at
 HBM speed, some 65 times a link's (1843 against 28 GB/s), so it is within the model's error.
 
 The group's layout. A global rank's node is rank // ranks_per_node; the group has p ranks on N
@@ -45,7 +47,7 @@ one rank's piece, so n = p x nbytes), and c = n / p a rank's share:
 - barrier: latency only, 2 x ceil(log2 p) steps over the slowest link the group spans.
 - a group of one rank: 0 us.
 
-Worked example (training_soc: HCCS 28 GB/s per link, 196 GB/s per NPU, 0.5 us; RoCE 25 GB/s, 1.5 us),
+Worked example (training_soc with roofline=True: HCCS 28 GB/s per link, 196 GB/s per NPU, 0.5 us; RoCE 25 GB/s, 1.5 us),
 one all_reduce of n = 64 MiB = 67108864 bytes over 8 ranks:
 - one node (ranks_per_node=8): Mesh, link min(28, 196 / 7) = 28 GB/s, c = 8388608 bytes:
     reduce-scatter 0.5 + 8388608 / 28000 = 300.093143 us, all-gather the same:  600.186 us.
@@ -140,11 +142,13 @@ def _intra_level(profile: Profile, size: int) -> _Level:
         gbps = min(profile.intra_link_gbps, profile.intra_node_gbps / max(size - 1, 1))
     else:
         gbps = min(profile.intra_link_gbps, profile.intra_node_gbps)
+    gbps *= profile.efficiency("bus")  # what HCCL reaches of a link (Note [Calibrated efficiencies])
     return _Level(_Link("intra", gbps, profile.intra_latency_us), size, profile.intra_node_mesh)
 
 
 def _inter_level(profile: Profile, size: int) -> _Level:
-    return _Level(_Link("inter", profile.inter_node_gbps, profile.inter_latency_us), size, mesh=False)
+    gbps = profile.inter_node_gbps * profile.efficiency("bus")
+    return _Level(_Link("inter", gbps, profile.inter_latency_us), size, mesh=False)
 
 
 def _node_sizes(group_ranks: Sequence[int], ranks_per_node: int) -> list[int]:

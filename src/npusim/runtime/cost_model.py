@@ -6,7 +6,8 @@ With the compute model on (``npusim.timing.set(compute=True)``, ``NPUSIM_TIMING=
 compute task occupies its stream for the roofline time of its op on the current profile's chip
 (Note [Chip figures] in runtime/profiles.py), plus the timing model's per-task ``launch_us``:
 
-    us = launch_us + max(flops / peak(unit, dtype), bytes / hbm_bandwidth)
+    us = launch_us + max(flops / (peak(unit, dtype) x efficiency(kernel class)),
+                         bytes / (hbm_bandwidth x hbm_eff))
 
 - flops: the op's formula in PyTorch's own registry, ``torch.utils.flop_counter.flop_registry``
   (matmuls, convolutions and their backward, scaled-dot-product attention and its backward;
@@ -18,9 +19,16 @@ compute task occupies its stream for the roofline time of its op on the current 
   dtype the cube has no rate for (float64, complex, wide ints) runs on the vector units.
 - bytes: every tensor the op reads or writes once, inputs and outputs (an in-place op's tensor
   is read and written), over the HBM bandwidth; caches are not modelled.
+- efficiency: what real kernels reach of the peak, by the op's kernel class (Note [Calibrated
+  efficiencies] in runtime/profiles.py): a cube op whose name has "attention" in it is class
+  "attention"; any other cube op is "cube_small", "cube_medium" or "cube_large" by its arithmetic
+  intensity, flops / bytes (below SMALL_INTENSITY, below LARGE_INTENSITY, or at least that); a
+  vector op is "vector". A profile with roofline=True reaches every peak (efficiency 1.0).
 The op's dtype is that of its first floating-point tensor argument (else its first tensor).
-The figures are for reasoning about overlap and ordering, as a roofline is: real kernels reach
-a fraction of either peak, and short ops are dominated by the launch cost.
+Intensity, not size, picks the class because it says how often a cube core reuses each byte it loads:
+a matmul with a short side (a small M, N or K) moves a large share of its bytes per FLOP, however many
+FLOPs it has, and reaches less of the cube's peak (the classes' figures are the Note's).
+Short ops are dominated by the launch cost.
 """
 
 from __future__ import annotations
@@ -35,6 +43,9 @@ from torch.utils._pytree import tree_leaves
 from npusim.runtime.profiles import Profile, get_profile
 
 _SIXTEEN_BIT = (torch.float16, torch.bfloat16)
+# FLOP per byte bounds of the matmul shape classes (Note [Calibrated efficiencies]).
+SMALL_INTENSITY = 256.0
+LARGE_INTENSITY = 1024.0
 
 
 class OpCost(NamedTuple):
@@ -47,6 +58,8 @@ class OpCost(NamedTuple):
     compute_us: float
     memory_us: float
     launch_us: float
+    kernel: str = "vector"  # the kernel class whose efficiency prices it: cube_small, ..., attention, vector
+    efficiency: float = 1.0  # the fraction of peak_tflops it reaches
 
     @property
     def us(self) -> float:
@@ -88,6 +101,18 @@ def peak_tflops(profile: Profile, unit: str, dtype: torch.dtype) -> tuple[str, f
     return unit, profile.vector_fp32_tflops / 2
 
 
+def kernel_class(op: torch._ops.OpOverload, unit: str, flops: int, nbytes: int) -> str:
+    """The class whose efficiency prices an op running on ``unit`` (See Note [Compute cost model])."""
+    if unit != "cube":
+        return "vector"
+    if "attention" in op.overloadpacket.__name__:
+        return "attention"
+    intensity = flops / max(nbytes, 1)
+    if intensity < SMALL_INTENSITY:
+        return "cube_small"
+    return "cube_medium" if intensity < LARGE_INTENSITY else "cube_large"
+
+
 def split_arguments(op: torch._ops.OpOverload, inputs: Sequence[Any]) -> tuple[tuple[Any, ...], dict[str, Any]]:
     """An op's arguments in schema order as the (args, kwargs) a call passes: keyword-only ones by name."""
     args: list[Any] = []
@@ -102,7 +127,8 @@ def split_arguments(op: torch._ops.OpOverload, inputs: Sequence[Any]) -> tuple[t
 
 def op_cost(op: torch._ops.OpOverload, args: tuple[Any, ...], kwargs: dict[str, Any] | None = None,
             out: Any = None, *, profile: Profile | None = None, launch_us: float = 0.0) -> OpCost:
-    """The roofline cost of ``op(*args, **kwargs) -> out`` (tensors real, fake or meta) on ``profile``."""
+    """The cost of ``op(*args, **kwargs) -> out`` (tensors real, fake or meta) on ``profile``: its roofline
+    with each peak scaled by the profile's efficiency for the op's kernel class (Note [Compute cost model])."""
     kwargs = kwargs or {}
     profile = profile or get_profile()
     formula = flop_counter.flop_registry.get(op.overloadpacket)
@@ -113,5 +139,8 @@ def op_cost(op: torch._ops.OpOverload, args: tuple[Any, ...], kwargs: dict[str, 
     else:
         flops, unit = max((t.numel() for t in tensors), default=0), "vector"
     unit, peak = peak_tflops(profile, unit, _dtype(args, kwargs, out))
+    kernel = kernel_class(op, unit, flops, nbytes)
+    efficiency = profile.efficiency(kernel)
     # 1 TFLOPS is 1e6 FLOP per microsecond; 1 GB/s is 1e3 bytes per microsecond.
-    return OpCost(flops, nbytes, unit, peak, flops / (peak * 1e6), nbytes / (profile.hbm_gbps * 1e3), launch_us)
+    return OpCost(flops, nbytes, unit, peak, flops / (peak * efficiency * 1e6),
+                  nbytes / (profile.hbm_gbps * profile.efficiency("hbm") * 1e3), launch_us, kernel, efficiency)

@@ -13,6 +13,8 @@ and override single flags, through the API or the environment::
 from __future__ import annotations
 
 import dataclasses
+import json
+import os
 from collections.abc import Iterator
 from contextlib import contextmanager
 
@@ -70,10 +72,36 @@ class Profile:
     inter_latency_us: float = 1.5  # one step over the RoCE network
     host_launch_us: float = 22.5  # host CPU time of one eager operator launch through torch_npu
     host_cpu_factor: float = 1.5  # the target host's CPU time over a typical x86 dev machine's
+    # What real kernels reach of the peaks above, by kernel class (Note [Calibrated efficiencies]):
+    # the timing model divides each peak by its class's fraction. roofline=True prices every class
+    # at its peak (all efficiencies 1.0), the model before calibration.
+    cube_eff_small: float = 0.24  # matmuls of arithmetic intensity below 256 FLOP per byte
+    cube_eff_medium: float = 0.39  # 256 to 1024 FLOP per byte
+    cube_eff_large: float = 0.64  # 1024 FLOP per byte and over
+    attention_eff: float = 0.48  # flash attention forward and backward, of their dense FLOP count
+    vector_eff: float = 0.70  # the vector units' rate
+    hbm_eff: float = 0.57  # device memory bandwidth
+    bus_eff: float = 0.70  # HCCS, RoCE and PCIe links, for collectives
+    roofline: bool = False  # True: every efficiency above is 1.0
+
+    def efficiency(self, kernel: str) -> float:
+        """The fraction of its peak a kernel of class ``kernel`` reaches (one of KERNEL_CLASSES, or
+        "hbm" / "bus"): the profile's figure, or 1.0 for a roofline profile."""
+        if kernel not in _EFFICIENCY_FIELDS:
+            raise ValueError(f"npusim profile: unknown kernel class {kernel!r}; expected one of "
+                             f"{sorted(_EFFICIENCY_FIELDS)}")
+        return 1.0 if self.roofline else getattr(self, _EFFICIENCY_FIELDS[kernel])
 
     @property
     def fast_dtypes(self) -> frozenset[torch.dtype]:
         return _BASE_FAST_DTYPES | _CANN_810_DTYPES if self.cann_ge_810rc1 else _BASE_FAST_DTYPES
+
+    def __post_init__(self) -> None:
+        for field in EFFICIENCIES:
+            value = getattr(self, field)
+            if not 0 < value <= 1:
+                raise ValueError(f"npusim profile {self.name!r}: {field}={value}; expected a fraction of the "
+                                 "peak in (0, 1] (1 is the roofline)")
 
     def replace(self, **overrides: object) -> Profile:
         unknown = set(overrides) - {f.name for f in dataclasses.fields(self)}
@@ -126,8 +154,8 @@ class Profile:
 # - RoCE: one 200 Gbit/s port per NPU, 25 GB/s one way; msmodeling takes the same 25 GB/s and 1.5 us
 #   a step for the A2's inter-server CLOS network.
 # msmodeling also scales every link by a communication efficiency of 0.7 "to calibrate"; the
-# profile keeps the peaks, as it does for compute (a roofline), and leaves calibration to whoever
-# has a measurement.
+# profile keeps the peaks here and applies that efficiency apart (bus_eff, Note [Calibrated
+# efficiencies]), as it does for compute.
 # - host_launch_us: no page in reach publishes torch_npu's host time of one eager operator (the
 #   Ascend guides on "Host Bound" runs and TASK_QUEUE_ENABLE describe the pipeline, with no
 #   figure), so it is derived. PyTorch's eager path costs about 5-25 us of CPU per op before a kernel
@@ -154,6 +182,51 @@ class Profile:
 # 3.125 GB/s and 5 us a step (an assumption). Its host is taken to be x86: host_cpu_factor 1.0 and
 # host_launch_us 15 us.
 
+# Note [Calibrated efficiencies]
+# ~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~
+# The peaks of Note [Chip figures] are what no kernel reaches: the timing model divides each by the
+# fraction real kernels of its class reach (runtime/cost_model.py, Note [Compute cost model]; links in
+# runtime/collective_cost.py). The fractions come from public figures for the Ascend 910B (A2):
+# - hbm_eff 0.57, vector_eff 0.70, bus_eff 0.70: Huawei's own modelling tool (Ascend/msmodeling @
+#   1e5a50b1a025a6658a277aa963c87691dc279f4f, tensor_cast/device.py, ATLAS_800.A2_376T_64G, the
+#   353.9 TFLOPS part the profile models) gives memory_efficiency 0.6 of 1.6 TiB/s, i.e. 1055.7 GB/s
+#   achieved, which is 0.573 of the profile's 1843.2 GB/s; compute_efficiency 0.7 over its cube and
+#   vector ("gp") rates alike (its vector rate, 22 TFLOPS, is the profile's); comm_efficiency 0.7 on
+#   the A2's HCCS mesh and its RoCE network. Its comment says the figures still need calibrating; no
+#   measured HBM, vector or HCCL bus figure for the A2 was found in reach, so they are taken as given.
+# - attention_eff 0.48: cann/pto-isa's README (gitcode.com/cann/pto-isa, "Flash Attention", the
+#   "Ascend 910B2 (A2/A3) multi-core comparison" table, PR #885) measures torch_npu's flash attention
+#   forward, one head of dimension 128, no mask, at 72.61 TFLOPS for sequence 4096 and 97.30 for 8192,
+#   the training lengths of the runs below: 0.205 and 0.275 of 353.9, mean 0.240. A causal (training)
+#   mask lets the kernel skip the masked half of the blocks, while the cost model counts the dense
+#   FLOPs (PyTorch's formulas, npu_fusion_attention's the same), so per counted FLOP it reaches twice
+#   that: 0.48. Backward is assumed as efficient as forward (no figure for it was found).
+# - cube_eff_large 0.64 and cube_eff_medium 0.39: fitted to the end-to-end training throughput
+#   ModelLink (now MindSpeed-LLM) published for one Atlas 900 A2 PODc node of 8 NPUs: the README_en.md
+#   performance table and the model READMEs at Ascend/MindSpeed-LLM ba10f5fdeded126ed95c79fbfdfadebcb46b7f7c
+#   (the parent of a27b45f0, which removed them), each run's configuration from its pretrain script at
+#   that commit (npusim/tools/calibrate.py, RUNS). `python -m npusim calibrate` prices each run's step
+#   with the cost models (Note [A Megatron step, priced] there). With the five figures above fixed, the
+#   two cube figures minimise the squared log error of tokens/s per NPU over the six runs without tensor
+#   parallelism (LLaMA-7B 3600, LLaMA-13B 1895, LLaMA2-7B 4241, Qwen1.5-0.5B 22834, 1.8B 13029, 4B
+#   5033), searched in steps of 0.01: large 0.64, medium 0.39, an RMS error of 6.7 %. Their matmuls are
+#   of hidden 1024 to 5120 and 2048 to 8192 tokens: large-class ones in the LLaMAs, medium-class ones
+#   (hidden 1024) in Qwen1.5-0.5B, which alone pins the medium figure. The four runs with tensor
+#   parallelism 4 or 8 are left out of the fit: three use MindSpeed's MC2, which overlaps TP's
+#   all-gathers and reduce-scatters with the matmuls, and the step model runs them one after the other;
+#   they come out 8 to 21 % slow (docs/PLAN.md, "Calibration", has every run beside its figure).
+# - cube_eff_small 0.24: no run has a matmul below 256 FLOP per byte and no figure for one was found;
+#   the figure assumes one class down loses the same share again (0.39 x 0.39 / 0.64).
+# The inference profile's 310P3 takes the A2's figures (an assumption: no 310P figure was found).
+# `roofline=1` in NPUSIM_PROFILE_OVERRIDES or --profile-overrides prices every class at its peak
+# (the timing model before calibration); a user with measurements sets the fields one by one.
+
+# Kernel class -> the Profile field holding its efficiency (Note [Calibrated efficiencies]).
+_EFFICIENCY_FIELDS = {"cube_small": "cube_eff_small", "cube_medium": "cube_eff_medium",
+                      "cube_large": "cube_eff_large", "attention": "attention_eff", "vector": "vector_eff",
+                      "hbm": "hbm_eff", "bus": "bus_eff"}
+EFFICIENCIES = tuple(_EFFICIENCY_FIELDS.values())
+
 FLAGS = ("nd_out", "batch", "memcpy_batch", "memcpy_batch_async", "cann_ge_810rc1",
          "foreach_copy_kernel")
 
@@ -176,14 +249,59 @@ PRESETS: dict[str, Profile] = {
 DEFAULT = "training_soc"
 
 
-def parse_overrides(text: str) -> dict[str, object]:
-    """Parses ``"nd_out=0,batch=true,sync_timeout_s=5"`` (``NPUSIM_PROFILE_OVERRIDES``)."""
-    return config.parse_settings(text, "NPUSIM_PROFILE_OVERRIDES", _override_readers())
+def parse_overrides(text: str, name: str = "NPUSIM_PROFILE_OVERRIDES") -> dict[str, object]:
+    """Parses ``"nd_out=0,batch=true,cube_eff_large=0.6"`` (``NPUSIM_PROFILE_OVERRIDES``, or the
+    command line's ``--profile-overrides``, whose errors then name ``name``)."""
+    return config.parse_settings(text, name, _override_readers())
+
+
+def read_overrides(text: str, name: str = "--profile-overrides") -> dict[str, object]:
+    """The command line's ``--profile-overrides``: ``KEY=V,...`` as :func:`parse_overrides` reads it,
+    or the path of a JSON (or, with PyYAML installed, YAML) file holding one mapping of the same keys.
+    A file's values are read as their text would be, so the two forms accept the same settings."""
+    path = text.strip()
+    if "=" in path or not path.endswith((".json", ".yaml", ".yml")):
+        return parse_overrides(text, name)
+    if not os.path.isfile(path):
+        raise config.ConfigError(f"{name}: no such file {path!r}; expected KEY=V,... or a .json / .yaml file")
+    with open(path, encoding="utf-8") as file:
+        if path.endswith(".json"):
+            mapping = json.load(file)
+        else:
+            try:
+                import yaml
+            except ImportError:
+                raise config.ConfigError(f"{name}: reading {path!r} needs PyYAML; give a .json file or "
+                                         "KEY=V,...") from None
+            mapping = yaml.safe_load(file)
+    if not isinstance(mapping, dict):
+        raise config.ConfigError(f"{name}: {path!r} holds a {type(mapping).__name__}; expected one mapping "
+                                 "of setting to value")
+    # JSON's true / false read as the text a boolean reader takes.
+    text = ",".join(f"{key}={str(value).lower() if isinstance(value, bool) else value}"
+                    for key, value in mapping.items())
+    return parse_overrides(text, f"{name} {path}")
 
 
 # The server's figures NPUSIM_PROFILE_OVERRIDES may set, besides the flags (Note [Chip figures]).
 LINK_FIGURES = ("intra_link_gbps", "intra_node_gbps", "intra_latency_us", "inter_node_gbps",
                 "inter_latency_us", "host_launch_us", "host_cpu_factor")
+# The chip's peaks, for a user with another part's figures (Note [Chip figures]).
+CHIP_FIGURES = ("cube_tflops", "cube_fp32_tflops", "vector_tflops", "vector_fp32_tflops", "hbm_gbps")
+
+
+def _positive(text: str, name: str) -> float:
+    value = config.parse_float(text, name)
+    if not value > 0:
+        raise config.fail(name, "a number > 0", text)
+    return value
+
+
+def _efficiency(text: str, name: str) -> float:
+    value = config.parse_float(text, name)
+    if not 0 < value <= 1:
+        raise config.fail(name, "a fraction of the peak in (0, 1] (1 is the roofline)", text)
+    return value
 
 
 def _override_readers() -> dict[str, object]:
@@ -192,6 +310,9 @@ def _override_readers() -> dict[str, object]:
     readers.update({figure: lambda text, name: config.parse_float(text, name, low=0.0) for figure in LINK_FIGURES})
     readers["ranks_per_node"] = lambda text, name: config.parse_int(text, name, low=1)
     readers["intra_node_mesh"] = config.parse_bool
+    readers.update(dict.fromkeys(CHIP_FIGURES, _positive))
+    readers.update(dict.fromkeys(EFFICIENCIES, _efficiency))
+    readers["roofline"] = config.parse_bool
     return readers
 
 

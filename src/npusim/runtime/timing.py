@@ -85,9 +85,9 @@ def _collective_cost(launch_us: float, link_gbps: float) -> Callable[[str, int, 
     """The hook acl.set_collective_cost installs: (op, bytes, global ranks) -> us on the chip clock."""
     def cost(op: str, nbytes: int, ranks: list[int]) -> float:
         profile = get_profile()
-        if link_gbps > 0:  # the user's link replaces the profile's, inside and between nodes
+        if link_gbps > 0:  # the user's link replaces the profile's, inside and between nodes, at the rate given
             profile = profile.replace(intra_link_gbps=link_gbps, intra_node_gbps=link_gbps * max(len(ranks) - 1, 1),
-                                      inter_node_gbps=link_gbps)
+                                      inter_node_gbps=link_gbps, bus_eff=1.0)
         return launch_us + collective_cost.collective_us(op, nbytes, ranks, ranks_per_node=ranks_per_node(),
                                                          profile=profile)
     return cost

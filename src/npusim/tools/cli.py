@@ -17,6 +17,7 @@ COMMANDS: dict[str, tuple[str, str]] = {
     "timeline": ("npusim.tools.timeline", "one FSDP2 step per kernel mode as a stream timeline picture"),
     "conformance": ("npusim.tools.conformance", "run PyTorch's OpInfo ops on npu and on CPU and compare"),
     "kernels": ("npusim.tools.kernels", "which file registers each aten op's npu kernel, and how it runs"),
+    "calibrate": ("npusim.tools.calibrate", "the timing model's step figures beside public Ascend A2 training runs"),
     "ascend-tests": ("npusim.tools.ascend_tests", "run op-plugin's and torch_npu's own test files, count passes"),
 }
 
