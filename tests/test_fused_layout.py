@@ -72,6 +72,33 @@ def test_format_cast_records_the_format_on_a_new_storage():
     assert ops.get_npu_format(ops.npu_format_cast(x, nz)) == 29  # the Tensor overload takes dst's format
 
 
+def test_deepcopy_keeps_the_format_as_torch_npus_storage_deepcopy_does():
+    """copy.deepcopy of a cast tensor (alone, as a view, as a module's buffer, twice in one memo) gives equal values
+    in new memory with the source's format, also after the copy's storage object is dropped by Python; a storage
+    deep-copies the same way, and one never cast keeps its base format. An nn.Parameter deep-copies through clone()
+    (PyTorch's Parameter.__deepcopy__) and, as on torch_npu, comes back in the base format."""
+    import copy
+
+    nz = ops.npu_format_cast(torch.rand(3, 3, device="npu"), Format.FRACTAL_NZ)
+    twin = copy.deepcopy(nz)
+    assert torch.equal(twin, nz) and twin.untyped_storage().data_ptr() != nz.untyped_storage().data_ptr()
+    gc.collect()
+    assert ops.get_npu_format(twin) == 29
+    view, again = copy.deepcopy([nz[1:], nz])  # one memo: the view and the tensor share the copied storage
+    assert view.untyped_storage().data_ptr() == again.untyped_storage().data_ptr()
+    assert ops.get_npu_format(view) == ops.get_npu_format(again) == 29
+    module = torch.nn.Module()
+    module.register_buffer("nz", nz)
+    assert ops.get_npu_format(copy.deepcopy(module).nz) == 29
+    storage = copy.deepcopy(nz.untyped_storage())
+    assert ops.get_npu_format(torch.empty(0, device="npu").set_(storage).view(3, 3)) == 29
+    assert ops.get_npu_format(copy.deepcopy(torch.ones(2, 3, 4, 5, device="npu"))) == Format.NCHW
+    weight = torch.nn.Parameter(ops.npu_format_cast(torch.rand(4, 4, device="npu"), Format.FRACTAL_NZ))
+    copied = copy.deepcopy(weight)
+    assert type(copied) is torch.nn.Parameter and torch.equal(copied, weight)
+    assert ops.get_npu_format(weight) == 29 and ops.get_npu_format(copied) == Format.ND
+
+
 def test_format_cast_in_place_relabels_every_view():
     """npu_format_cast_ returns self and records the format on its storage, for a parameter too."""
     weight = torch.nn.Parameter(torch.randn(8, 8, device="npu"))

@@ -15,6 +15,11 @@ NCDHW for 5-D, NCHW for 4-D, ND otherwise). npusim keeps the same rule: :data:`_
 storage (its Python object, which PyTorch keeps alive exactly as long as the storage) to the
 format cast onto it, weakly, so the entry dies with the storage and a reused address never
 inherits a stale format. The data is always ND: a cast records a format and moves no bytes.
+``copy.deepcopy`` of a tensor copies its storage (``UntypedStorage.__deepcopy__``), and torch_npu's
+storage deepcopy casts the copy to the source's format, so the copy keeps it: npusim wraps that one
+method to carry the entry to the new storage (:func:`_keep_format_through_deepcopy`). An
+``nn.Parameter`` deep-copies through ``clone()`` instead (PyTorch's ``Parameter.__deepcopy__``),
+which on torch_npu too gives the base format.
 The format is not saved by ``torch.save`` (a loaded tensor has the base format of its sizes;
 its data, always ND, is the same). Three more simplifications against torch_npu: the base
 format of a storage never cast follows the queried tensor's own sizes (torch_npu's follows the
@@ -87,6 +92,27 @@ class Format(enum.IntEnum):
 
 # See Note [Where the npu format lives].
 _FORMATS: weakref.WeakKeyDictionary[torch.UntypedStorage, Format] = weakref.WeakKeyDictionary()
+
+
+def _keep_format_through_deepcopy() -> None:
+    """Wraps ``torch.UntypedStorage.__deepcopy__`` (which typed storages and tensors reach) so that the
+    copy of a storage with a recorded format has it too (idempotent). See Note [Where the npu format lives]."""
+    original = torch.UntypedStorage.__deepcopy__
+    if getattr(original, "__npusim_format__", False):
+        return
+
+    def __deepcopy__(self: torch.UntypedStorage, memo: dict) -> torch.UntypedStorage:  # noqa: N807
+        new = original(self, memo)
+        recorded = _FORMATS.get(self) if self.device.type == "npu" else None
+        if recorded is not None and new is not self:
+            _FORMATS[new] = recorded
+        return new
+
+    __deepcopy__.__npusim_format__ = True  # type: ignore[attr-defined]
+    torch.UntypedStorage.__deepcopy__ = __deepcopy__  # type: ignore[method-assign]
+
+
+_keep_format_through_deepcopy()
 
 
 def _base_format(t: Tensor) -> Format:
