@@ -182,3 +182,19 @@ def test_every_preset_has_the_server_figures(name):
         assert profile.intra_node_mesh is False
         assert profile.intra_link_gbps == profile.intra_node_gbps == 31.5  # one PCIe 4.0 x16 link
         assert profile.host_cpu_factor == 1.0
+
+
+def test_calibrated_links_move_bytes_at_the_bus_efficiency():
+    """The preset's bus_eff (0.7, Note [Calibrated efficiencies]) scales every link: the worked one-node
+    all_reduce of 64 MiB takes 2 x (0.5 + 8388608 / (28 x 0.7 x 1e3)) = 856.98 us, not 600.19; a
+    link_gbps the user gives the timing model is taken as the rate reached."""
+    from npusim.runtime import timing
+
+    calibrated = PRESETS["training_soc"]
+    cost = collective_cost("all_reduce", 64 * MIB, range(8), ranks_per_node=8, profile=calibrated)
+    assert cost.us == pytest.approx(856.980, abs=1e-3)
+    ranks = [0, 8]  # one rank a node: the RoCE port
+    assert collective_us("all_gather", 64 * MIB, ranks, ranks_per_node=8, profile=calibrated) == pytest.approx(
+        1.5 + 32 * MIB / (25e3 * calibrated.bus_eff))
+    hook = timing._collective_cost(0.0, 5.0)  # what NPUSIM_TIMING="link_gbps=5" installs
+    assert hook("all_gather", 64 * MIB, ranks) == pytest.approx(1.5 + 32 * MIB / 5e3)

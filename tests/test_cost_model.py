@@ -12,7 +12,7 @@ from torch.utils.flop_counter import FlopCounterMode
 
 import npusim
 from npusim.runtime import cost_model
-from npusim.runtime.profiles import PRESETS
+from npusim.runtime.profiles import PRESETS, make_profile, parse_overrides
 
 # The roofline tests price at the peaks (roofline=True); the calibrated ones at the presets' efficiencies.
 TRAINING, INFERENCE = (PRESETS[name].replace(roofline=True) for name in ("training_soc", "inference_soc"))
@@ -161,3 +161,63 @@ def test_timing_settings_turn_the_compute_model_on():
     assert npusim.timing.parse("copy_gbps=2") == npusim.timing.TimingModel(copy_gbps=2.0, compute=False)
     with pytest.raises(ValueError, match="NPUSIM_TIMING compute"):
         npusim.timing.parse("compute=maybe")
+
+
+CALIBRATED = PRESETS["training_soc"]  # the preset's own efficiencies (Note [Calibrated efficiencies])
+
+
+@pytest.mark.parametrize(("n", "kernel", "by_hand_us"), [(256, "cube_small", 0.395), (1024, "cube_medium", 15.559),
+                                                         (4096, "cube_large", 606.805)])
+def test_calibrated_matmul_takes_its_shape_class_efficiency(n, kernel, by_hand_us):
+    """A bfloat16 n^3 mm's arithmetic intensity, 2n^3 FLOPs over 6n^2 bytes (85, 341, 1365 FLOP/B), picks
+    its class; its compute time is the roofline's over the class's efficiency (0.24, 0.39, 0.64): 4096^3 is
+    137.4 GFLOP at 353.9 x 0.64 TFLOPS, 606.8 us. Its memory time is over 0.57 of the HBM bandwidth."""
+    a = _meta(n, n, dtype=torch.bfloat16)
+    roofline = cost_model.op_cost(torch.ops.aten.mm.default, (a, a), {}, torch.mm(a, a), profile=TRAINING)
+    cost = cost_model.op_cost(torch.ops.aten.mm.default, (a, a), {}, torch.mm(a, a), profile=CALIBRATED)
+    efficiency = getattr(CALIBRATED, kernel.replace("cube_", "cube_eff_"))
+    assert (cost.kernel, cost.efficiency, roofline.kernel, roofline.efficiency) == (kernel, efficiency, kernel, 1.0)
+    assert cost.compute_us == pytest.approx(roofline.compute_us / efficiency)
+    assert cost.compute_us == pytest.approx(by_hand_us, abs=1e-3)
+    assert cost.memory_us == pytest.approx(roofline.memory_us / CALIBRATED.hbm_eff)
+
+
+def test_calibrated_attention_vector_and_memory_bound_ops():
+    """Flash attention takes attention_eff (B 2, heads 8, S 1024, D 64: 25.28 us at 353.9 x 0.48); an add of
+    2^20 float32 stays bound by memory, 12 MiB at 0.57 x 1843.2 GB/s = 11.98 us; a float64 matmul, run by
+    the vector units, takes vector_eff."""
+    q = _meta(2, 8, 1024, 64)
+    attention = cost_model.op_cost(torch.ops.aten._scaled_dot_product_flash_attention.default, (q, q, q), {}, None,
+                                   profile=CALIBRATED)
+    assert (attention.kernel, attention.efficiency) == ("attention", CALIBRATED.attention_eff)
+    assert attention.compute_us == pytest.approx(25.284, abs=1e-3)
+    x = _meta(1 << 20, dtype=torch.float32)
+    add = cost_model.op_cost(torch.ops.aten.add.Tensor, (x, x), {}, x, profile=CALIBRATED)
+    assert (add.kernel, add.bound) == ("vector", "memory") and add.us == pytest.approx(11.977, abs=1e-3)
+    assert add.compute_us == pytest.approx((1 << 20) / (CALIBRATED.vector_fp32_tflops * CALIBRATED.vector_eff * 1e6))
+    d = _meta(256, 256, dtype=torch.float64)
+    wide = cost_model.op_cost(torch.ops.aten.mm.default, (d, d), {}, torch.mm(d, d), profile=CALIBRATED)
+    assert (wide.unit, wide.kernel, wide.efficiency) == ("vector", "vector", CALIBRATED.vector_eff)
+
+
+def test_roofline_override_gives_the_peaks_back():
+    """NPUSIM_PROFILE_OVERRIDES' roofline=1 prices every class at its peak, exactly the uncalibrated model;
+    one efficiency set alone changes only its class."""
+    roofline = make_profile("training_soc", **parse_overrides("roofline=1"))
+    assert all(roofline.efficiency(kernel) == 1.0 for kernel in ("cube_small", "cube_large", "attention", "vector",
+                                                                  "hbm", "bus"))
+    a = _meta(4096, 4096)
+    assert cost_model.op_cost(torch.ops.aten.mm.default, (a, a), {}, a, profile=roofline) == \
+        cost_model.op_cost(torch.ops.aten.mm.default, (a, a), {}, a, profile=TRAINING)
+    mine = make_profile("training_soc", **parse_overrides("cube_eff_large=0.5"))
+    assert (mine.efficiency("cube_large"), mine.efficiency("cube_medium")) == (0.5, CALIBRATED.cube_eff_medium)
+
+
+def test_efficiencies_out_of_range_are_refused():
+    """An efficiency must be a fraction of the peak in (0, 1]; the error names the field and the range."""
+    with pytest.raises(ValueError, match=r"cube_eff_large=0.0; expected a fraction of the peak in \(0, 1\]"):
+        make_profile("training_soc", cube_eff_large=0.0)
+    with pytest.raises(ValueError, match=r"NPUSIM_PROFILE_OVERRIDES hbm_eff: expected a fraction"):
+        parse_overrides("hbm_eff=1.2")
+    with pytest.raises(ValueError, match="unknown kernel class 'tensor'"):
+        CALIBRATED.efficiency("tensor")

@@ -44,7 +44,8 @@ from typing import NamedTuple
 import torch
 
 from npusim.runtime import collective_cost, cost_model
-from npusim.runtime.profiles import DEFAULT, Profile, make_profile, read_overrides
+from npusim.runtime.profiles import Profile
+from npusim.tools import profile_options
 
 aten = torch.ops.aten
 _SOURCE = ("Ascend/MindSpeed-LLM (ModelLink) @ ba10f5fdeded126ed95c79fbfdfadebcb46b7f7c, README_en.md performance "
@@ -200,14 +201,11 @@ def table(profile: Profile, runs: Iterable[Run] = RUNS) -> list[tuple[Run, Estim
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
-    parser.add_argument("--profile", default=DEFAULT, help="the chip profile to price the runs on")
-    parser.add_argument("--profile-overrides", default="", metavar="KEY=V,...|FILE",
-                        help="profile settings over the preset (efficiencies, roofline=1, link figures), "
-                             "or a .json / .yaml file of them")
+    profile_options.add_arguments(parser, default="training_soc")
 
 
 def run(args: argparse.Namespace) -> int:
-    profile = make_profile(args.profile, **read_overrides(args.profile_overrides))
+    profile = profile_options.make(args)
     print(f"profile {profile.name}{' (roofline)' if profile.roofline else ''}; published: {_SOURCE}")
     print(f"{'model':<13} {'TPxPPxDP':>9} {'seq':>5} {'tokens/s/NPU':>13} {'model':>7} {'model/pub':>9} "
           f"{'TFLOPS/NPU':>10} {'model':>6}  step share: cube / attention / vector / comm")

@@ -17,8 +17,11 @@ import os
 import runpy
 import sys
 
+from npusim.tools import profile_options
+
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
+    profile_options.add_arguments(parser, default=None)
     parser.add_argument("-m", dest="module", action="store_true",
                         help="run TARGET as a module (like python -m TARGET)")
     parser.add_argument("target", help="the script (or, with -m, the module) to run")
@@ -30,6 +33,7 @@ def run(args: argparse.Namespace) -> int:
     from npusim.runtime.profiles import get_profile
     from npusim.tools.cann_env import CANN_VARIABLES, apply_cann_environment
 
+    profile_options.select_for_job(args)  # before the job reads the profile (its CANN release, its chip)
     torch_npu.install()
     why = apply_cann_environment(os.environ, get_profile().cann_version)
     if why and not any(os.environ.get(name) for name in CANN_VARIABLES):  # a real toolkit, not sourced

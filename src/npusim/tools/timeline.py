@@ -30,8 +30,8 @@ from typing import Any, NamedTuple
 import torch
 
 from npusim.runtime import overlap
-from npusim.runtime.profiles import make_profile
 from npusim.testing.ranks import run_ranks
+from npusim.tools import profile_options
 
 CONFIGS = ("aligned", "legacy", "legacy + patch")
 DEVICE_CATEGORIES = ("kernel", "gpu_memcpy")  # device work; syncs (event records, waits) are not drawn
@@ -44,7 +44,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--out", default="bench-out", help="directory for timeline.png and the traces")
     parser.add_argument("--dim", type=int, default=256)
     parser.add_argument("--blocks", type=int, default=3)
-    parser.add_argument("--profile", default="training_soc", help="the chip whose compute cost the model uses")
+    profile_options.add_arguments(parser, default="training_soc")  # the chip the cost models price
     parser.add_argument("--copy-gbps", type=float, default=None,
                         help="timing model: device copy bandwidth (default: half the chip's HBM bandwidth, "
                              "as a copy reads and writes each byte)")
@@ -65,7 +65,7 @@ def _job(rank: int, world: int, args: argparse.Namespace, out: str) -> dict[str,
     from npusim.runtime.chip_clock import map_chrome_trace
     from npusim.testing.fsdp_harness import sharded_step
 
-    chip = npusim.set_profile(args.profile)
+    chip = npusim.set_profile(profile_options.make(args))
     copy_gbps = args.copy_gbps if args.copy_gbps is not None else chip.hbm_gbps / 2
     model, step = sharded_step(rank, args.dim, args.blocks)
     with npusim.timing.model(copy_gbps=copy_gbps, launch_us=args.launch_us, link_gbps=args.link_gbps,
@@ -232,12 +232,13 @@ def run(args: argparse.Namespace) -> int:
                                         for lane, bars in lanes.items()))
         print("  " + ", ".join(f"{key} {value:.2f}" for key, value in summary[config].items()))
     (out / "timeline-summary.json").write_text(json.dumps(summary, indent=2))
-    profile = make_profile(args.profile)
+    profile = profile_options.make(args)
     cost = f"{profile.soc_name} compute cost model" if args.compute else "compute untimed"
     copy_gbps = args.copy_gbps if args.copy_gbps is not None else profile.hbm_gbps / 2
     link = f"link {args.link_gbps:g} GB/s" if args.link_gbps > 0 else "the profile's HCCS links"
+    roofline = " roofline" if profile.roofline else ""
     title = (f"One FSDP2 step in chip time, 2 ranks, TinyTransformer dim {args.dim} x {args.blocks} blocks;\n{cost} "
-             f"(profile {args.profile}), launch {args.launch_us:g} us, host {profile.host_launch_us:g} us a launch, "
-             f"copy {copy_gbps:g} GB/s, {link}")
+             f"(profile {args.profile}{roofline}), launch {args.launch_us:g} us, "
+             f"host {profile.host_launch_us:g} us a launch, copy {copy_gbps:g} GB/s, {link}")
     print(f"wrote {_plot(out, lanes_by_config, title)}, the traces timeline-*.json and timeline-summary.json")
     return 0
