@@ -2,7 +2,9 @@
 
 from __future__ import annotations
 
+import json
 import os
+import re
 import subprocess
 import sys
 
@@ -10,7 +12,8 @@ import pytest
 import torch
 
 import npusim
-from npusim.runtime.profiles import PRESETS, parse_overrides
+from npusim.config import ConfigError
+from npusim.runtime.profiles import PRESETS, parse_overrides, read_overrides
 
 
 def test_presets_and_overrides():
@@ -34,13 +37,14 @@ def test_presets_and_overrides():
 
 def test_profile_and_timing_from_environment():
     """NPUSIM_PROFILE, NPUSIM_PROFILE_OVERRIDES and NPUSIM_TIMING configure a fresh process."""
-    env = {**os.environ, "NPUSIM_PROFILE": "old_cann", "NPUSIM_PROFILE_OVERRIDES": "batch=0",
+    env = {**os.environ, "NPUSIM_PROFILE": "old_cann", "NPUSIM_PROFILE_OVERRIDES": "batch=0,hbm_eff=0.5,roofline=1",
            "NPUSIM_TIMING": "copy_gbps=2,launch_us=15"}
-    code = "import npusim; p = npusim.get_profile(); print(p.name, p.batch, p.cann_ge_810rc1, npusim.timing.get())"
+    code = ("import npusim; p = npusim.get_profile(); "
+            "print(p.name, p.batch, p.cann_ge_810rc1, p.hbm_eff, p.efficiency('hbm'), npusim.timing.get())")
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120, env=env)
     assert out.returncode == 0, out.stderr
-    assert out.stdout.strip() == ("old_cann False False TimingModel(copy_gbps=2.0, launch_us=15.0, link_gbps=0.0, "
-                                  "compute=False, realtime=False, host='launch')")
+    assert out.stdout.strip() == ("old_cann False False 0.5 1.0 TimingModel(copy_gbps=2.0, launch_us=15.0, "
+                                  "link_gbps=0.0, compute=False, realtime=False, host='launch')")
 
 
 def test_timing_model_switch():
@@ -51,3 +55,30 @@ def test_timing_model_switch():
     assert not npusim.timing.get().enabled
     with pytest.raises(ValueError, match="copy_gbps must be >= 0"):
         npusim.timing.set(copy_gbps=-1)
+
+
+def test_profile_overrides_option_reads_settings_or_a_file(tmp_path):
+    """--profile-overrides takes NPUSIM_PROFILE_OVERRIDES' KEY=V,... or a JSON file of the same keys (a JSON
+    boolean reads as one); a bad key, value, file or content is refused naming the option and what it takes."""
+    assert read_overrides("cube_eff_large=0.6, roofline=0") == {"cube_eff_large": 0.6, "roofline": False}
+    settings = tmp_path / "a2.json"
+    settings.write_text(json.dumps({"cube_eff_large": 0.5, "bus_eff": 0.8, "roofline": False, "hbm_gbps": 1600}))
+    assert read_overrides(str(settings)) == {"cube_eff_large": 0.5, "bus_eff": 0.8, "roofline": False,
+                                             "hbm_gbps": 1600.0}
+    with pytest.raises(ConfigError, match="--profile-overrides: expected comma-separated key=value with keys "
+                                          "attention_eff, batch, bus_eff"):
+        read_overrides("cube_eff=0.5")
+    with pytest.raises(ConfigError, match=r"--profile-overrides vector_eff: expected a fraction of the peak in "
+                                          r"\(0, 1\]"):
+        read_overrides("vector_eff=0")
+    with pytest.raises(ConfigError, match="--profile-overrides hbm_gbps: expected a number > 0"):
+        read_overrides("hbm_gbps=-1")
+    with pytest.raises(ConfigError, match="--profile-overrides: no such file"):
+        read_overrides(str(tmp_path / "missing.json"))
+    settings.write_text("[1, 2]")
+    with pytest.raises(ConfigError, match="holds a list; expected one mapping"):
+        read_overrides(str(settings))
+    settings.write_text(json.dumps({"cube_eff_small": 3}))
+    with pytest.raises(ConfigError, match=f"--profile-overrides {re.escape(str(settings))} cube_eff_small: expected "
+                                          "a fraction"):
+        read_overrides(str(settings))
