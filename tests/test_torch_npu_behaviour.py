@@ -1,5 +1,6 @@
-"""torch.npu where torch_npu's behaviour differs from torch.cuda's: the GradScaler overflow rule, float32
-autocast, _sleep, the CANN version, torch.npu.utils, torch.backends.npu and the small memory calls."""
+"""torch.npu where torch_npu's behaviour differs from torch.cuda's: the GradScaler overflow rule, the overflow
+checks of INF_NAN mode, float32 autocast, _sleep, the CANN version, torch.npu.utils, torch.backends.npu and the
+small memory calls."""
 
 from __future__ import annotations
 
@@ -44,6 +45,28 @@ def test_torch_amp_grad_scaler_keeps_pytorchs_rule():
     before, after = _two_models_with_overflow(scaler)
     assert torch.equal(before[0], after[0]) and not torch.equal(before[1], after[1])
     assert scaler.get_scale() == 2.0
+
+
+def test_overflow_checks_follow_torch_npus_inf_nan_mode():
+    """npu_check_overflow: True for an fp16 sum past 65504, inf or NaN (tensor or float), False for finite values,
+    a RuntimeError for another type; the float-status flag calls of saturation mode are refused (get) and warn
+    (clear), as torch_npu's are on an INF_NAN SoC, also as torch.npu's re-exports."""
+    from npusim.runtime import utils
+
+    assert utils.is_support_inf_nan()
+    overflowed = torch.tensor([65535.0], device="npu").half()
+    assert utils.npu_check_overflow(overflowed + overflowed) is True  # torch_npu's test_check_over_flow
+    assert utils.npu_check_overflow(torch.tensor([1.0, float("nan")], device="npu")) is True
+    assert utils.npu_check_overflow(torch.ones(3, 3, device="npu", dtype=torch.bfloat16)) is False
+    assert utils.npu_check_overflow(float("-inf")) is True and utils.npu_check_overflow(3.5) is False
+    with pytest.raises(RuntimeError, match=r"npu_check_overflow: Unsupported type.*got int"):
+        utils.npu_check_overflow(3)
+    assert torch.npu.get_npu_overflow_flag is utils.get_npu_overflow_flag
+    with pytest.raises(RuntimeError, match=r"Unsupported api when soc_version >= Ascend910B1, please use "
+                                           r"npu_check_overflow \(the simulated Ascend910B2"):
+        torch.npu.get_npu_overflow_flag()
+    with pytest.warns(UserWarning, match="clear_npu_overflow_flag is useless"):
+        assert torch.npu.clear_npu_overflow_flag() is None
 
 
 def test_npu_grad_scaler_static_scale():

@@ -131,7 +131,11 @@ from npusim.runtime.streams import (
     stream,
     synchronize_stream,
 )
-from npusim.runtime.utils import get_soc_version  # torch_npu.npu's, from its _backends
+from npusim.runtime.utils import (  # torch_npu.npu re-exports them
+    clear_npu_overflow_flag,
+    get_npu_overflow_flag,
+    get_soc_version,  # torch_npu.npu's, from its _backends
+)
 
 # What the caching allocator raises when the device's memory (or this process's share) is spent: torch's
 # own class, as torch.cuda.OutOfMemoryError is.
@@ -148,10 +152,12 @@ __all__ = [
     "_sleep",
     "_record_memory_history", "_snapshot", "aclnn", "amp", "are_compatible_impl_enabled", "caching_allocator_alloc",
     "caching_allocator_delete",
-    "can_device_access_peer", "config", "conv", "current_device", "current_stream", "default_generator",
+    "can_device_access_peer", "clear_npu_overflow_flag", "config", "conv", "current_device", "current_stream",
+    "default_generator",
     "default_generators", "default_stream", "device", "device_count", "device_of",
     "disable_deterministic_with_backward", "empty_cache", "enable_deterministic_with_backward", "enable_flash_sdp",
-    "enable_math_sdp", "enable_mem_efficient_sdp", "Event", "flash_sdp_enabled", "get_soc_version",
+    "enable_math_sdp", "enable_mem_efficient_sdp", "Event", "flash_sdp_enabled", "get_npu_overflow_flag",
+    "get_soc_version",
     "math_sdp_enabled", "mem_efficient_sdp_enabled", "preferred_linalg_library", "sdp_kernel",
     "get_allocator_backend", "get_amp_supported_dtype", "get_arch_list", "get_autocast_dtype",
     "get_device_capability", "get_device_name", "get_device_properties", "get_per_process_memory_fraction",

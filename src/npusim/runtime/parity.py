@@ -78,6 +78,11 @@ FRAMEWORK_PROVIDED: dict[str, str] = {
                                                         "region (and disable_deterministic_with_backward)",
     "torch_npu.npu.utils.get_soc_version": "the simulated SoC's SocVersion number (torch_npu's test_allocator_envs)",
     "torch_npu.npu.utils._is_gte_cann_version": "compares with the profile's CANN version",
+    "torch_npu.npu.utils.npu_check_overflow": "torch_npu's INF_NAN-mode rule: an infinite or NaN sum "
+                                              "(torch_npu's ShardedGradScaler, test_check_over_flow)",
+    "torch_npu.npu.get_npu_overflow_flag": "refused as torch_npu refuses it on an INF_NAN SoC, naming "
+                                           "npu_check_overflow",
+    "torch_npu.npu.clear_npu_overflow_flag": "warns that it is useless on an INF_NAN SoC, as torch_npu does",
     "torch_npu.npu._lazy_call": "runs the callable now (MindSpeed's tensor_parallel.random, DeepSpeed)",
     "torch_npu.utils.get_cann_version": "the profile's CANN version",
     "torch_npu.utils.collect_env.get_cann_version": "the profile's CANN version (MindSpeed's MoE dispatchers)",

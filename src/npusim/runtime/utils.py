@@ -8,7 +8,9 @@ version is the one the capability profile models (``Profile.cann_version``).
 
 from __future__ import annotations
 
+import math
 import re
+import warnings
 from typing import Any
 
 import torch
@@ -28,9 +30,10 @@ from npusim.runtime.device import (
 from npusim.runtime.streams import StreamContext, current_stream, default_stream, set_stream, stream
 
 __all__ = [
-    "StreamContext", "current_device", "current_stream", "default_stream", "device", "device_of",
-    "get_cann_version", "get_soc_version", "get_sync_debug_mode", "ipc_collect", "is_bf16_supported",
-    "is_support_inf_nan", "set_device", "set_stream", "set_sync_debug_mode", "stream", "synchronize",
+    "StreamContext", "clear_npu_overflow_flag", "current_device", "current_stream", "default_stream", "device",
+    "device_of", "get_cann_version", "get_npu_overflow_flag", "get_soc_version", "get_sync_debug_mode",
+    "ipc_collect", "is_bf16_supported", "is_support_inf_nan", "npu_check_overflow", "set_device", "set_stream",
+    "set_sync_debug_mode", "stream", "synchronize",
 ]
 
 # The packages torch_npu's get_cann_version(module=...) knows.
@@ -107,3 +110,41 @@ def is_support_inf_nan() -> bool:
     """True: the simulated SoC keeps IEEE infinities and NaNs (INF_NAN mode, as the 910B series);
     overflow shows up as non-finite values, not as a saturation flag."""
     return True
+
+
+# torch_npu's words for the float-status calls on an INF_NAN SoC; its tests match them.
+_NO_FLAG = "Unsupported api when soc_version >= Ascend910B1, please use npu_check_overflow"
+
+
+def npu_check_overflow(grad: torch.Tensor | float) -> bool:
+    """Whether ``grad`` overflowed, by torch_npu's INF_NAN-mode rule (the only mode simulated, see
+    :func:`is_support_inf_nan`): a float, or a tensor's float32 sum read on the host (so the call
+    waits for the tensor), that is infinite or NaN. Any other argument is a RuntimeError naming
+    its type (torch_npu's error class)."""
+    if isinstance(grad, torch.Tensor):
+        total = float(grad.float().sum())
+    elif isinstance(grad, float):
+        total = grad
+    else:
+        raise RuntimeError(f"torch.npu.utils.npu_check_overflow: Unsupported type: expected a Tensor or a float, got "
+                        f"{type(grad).__name__}")
+    return math.isinf(total) or math.isnan(total)
+
+
+def get_npu_overflow_flag() -> bool:
+    """Refused as on torch_npu for an INF_NAN SoC: the float-status register it reads is the
+    saturation mode's; overflow shows up as inf / NaN, which :func:`npu_check_overflow` tests."""
+    raise RuntimeError(f"torch.npu.get_npu_overflow_flag: {_NO_FLAG} (the simulated "
+                       f"{_soc_name()} keeps inf and NaN)")
+
+
+def clear_npu_overflow_flag() -> None:
+    """Nothing to clear on an INF_NAN SoC: warns as torch_npu does and returns."""
+    warnings.warn("When soc_version >= Ascend910B1, clear_npu_overflow_flag is useless. Please remove it.",
+                  stacklevel=2)
+
+
+def _soc_name() -> str:
+    from npusim.runtime.profiles import get_profile
+
+    return get_profile().soc_name
