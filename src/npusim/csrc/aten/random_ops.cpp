@@ -12,16 +12,18 @@
 #include "../runtime/stream.h"
 #include "host_transfer.h"
 #include "intraop_threads.h"
+#include "op_launch.h"
+#include "philox_blocks.h"
 
 #include <ATen/ATen.h>
 #include <ATen/OpMathType.h>
 #include <ATen/Parallel.h>
-#include <ATen/core/PhiloxRNGEngine.h>
 #include <ATen/core/TransformationHelper.h>
 #include <ATen/native/DistributionTemplates.h>
 #include <c10/util/MathConstants.h>
 #include <torch/library.h>
 
+#include <algorithm>
 #include <cmath>
 #include <type_traits>
 #include <tuple>
@@ -92,31 +94,57 @@ struct RandomLaunch {
   const char* op;
 };
 
-// Enqueues the writing of value(block, i) to element i (row-major logical
-// order) of `self`, from block offset + i, on the current stream of self's
-// npu; see Note [npu Philox stream]. `value` is copied into the task.
+// Writes value(block, i) to element i (row-major logical order) of `cpu`
+// (the npu tensor's memory and geometry), from block offset + i: Note [npu
+// Philox stream]. The blocks come kPhiloxBatch at a time (Note [Philox blocks
+// in batches]); each chunk of the intra-op split starts at its own element.
+template <typename scalar_t, typename F>
+void philox_write(const Tensor& cpu, const PhiloxInputs& in, const F& value) {
+  const Tensor dense = cpu.is_contiguous() ? cpu : at::empty(cpu.sizes(), cpu.options());
+  scalar_t* out = dense.data_ptr<scalar_t>();
+  at::parallel_for(0, cpu.numel(), kGrain, [&](int64_t begin, int64_t end) {
+    PhiloxBatch batch;
+    for (int64_t first = begin; first < end; first += kPhiloxBatch) {
+      philox_blocks(in.seed, in.offset, static_cast<uint64_t>(first), batch);
+      const int64_t count = std::min<int64_t>(kPhiloxBatch, end - first);
+      for (int64_t j = 0; j < count; ++j) {
+        const PhiloxBlock b{{batch.x[0][j], batch.x[1][j], batch.x[2][j], batch.x[3][j]}};
+        out[first + j] = value(b, first + j);
+      }
+    }
+  });
+  if (!dense.is_same(cpu)) {
+    host_copy(cpu, dense);
+  }
+}
+
+// Runs `fill` (which writes the op's output from the Philox inputs it is
+// given) in stream order on the current stream of `device`: in place on the
+// host when the stream is idle and the op is small, as other compute ops
+// (compute_on_the_host_now, Note [Work on an idle stream]), else as a task
+// (Note [Compute on the stream]), which in a capture reads the graph-safe
+// state when it runs. `fill` is copied into the task.
+template <typename Fill>
+void run_random_op(c10::DeviceIndex device, int64_t numel, const RandomLaunch& launch, Fill fill) {
+  NpuStream& stream = current_stream(device);
+  if (compute_on_the_host_now(stream, numel)) {
+    fill(launch.state.unpack());
+    return;
+  }
+  stream.enqueue([state = launch.state, numel, fill = std::move(fill)] {
+    apply_user_intraop_threads(numel, /*pointwise=*/true);  // element i comes from Philox offset + i
+    fill(state.unpack());
+  }, 0.0, launch.op);
+}
+
+// Writes value(block, i) to element i of `self` (see philox_write) in stream
+// order. `value` is copied into the task.
 template <typename scalar_t, typename F>
 void philox_fill(const Tensor& self, const RandomLaunch& launch, F value) {
   const Tensor cpu = cpu_alias(self);  // the memory and geometry at launch
-  current_stream(self.device().index()).enqueue([cpu, state = launch.state, value] {
-    apply_user_intraop_threads(cpu.numel(), /*pointwise=*/true);  // element i comes from Philox offset + i
-    const PhiloxInputs in = state.unpack();
-    const Tensor dense = cpu.is_contiguous() ? cpu : at::empty(cpu.sizes(), cpu.options());
-    scalar_t* out = dense.data_ptr<scalar_t>();
-    at::parallel_for(0, cpu.numel(), kGrain, [&](int64_t begin, int64_t end) {
-      at::Philox4_32 engine(in.seed, /*subsequence=*/0, in.offset + static_cast<uint64_t>(begin));
-      for (int64_t i = begin; i < end; ++i) {
-        PhiloxBlock b;
-        for (uint32_t& word : b.x) {
-          word = engine();
-        }
-        out[i] = value(b, i);
-      }
-    });
-    if (!dense.is_same(cpu)) {
-      host_copy(cpu, dense);
-    }
-  }, 0.0, launch.op);
+  run_random_op(self.device().index(), cpu.numel(), launch, [cpu, value](const PhiloxInputs& in) {
+    philox_write<scalar_t>(cpu, in, value);
+  });
 }
 
 // Takes this op's Philox state (the order of launches is the order of draws).
@@ -387,9 +415,14 @@ Tensor& bernoulli_out(const Tensor& self, Gen gen, Tensor& out) {
 // Note [npu native_dropout]
 // CPU's native_dropout kernel draws its mask from the CPU default generator
 // and returns a mask of the input's dtype; npu follows CUDA: the mask is bool
-// and comes from the npu generator (a bernoulli_ of 1 - p on the mask, so it
-// advances the offset by numel as DTensor's tracker expects), and the output
-// is input * mask * (1 / (1 - p)).
+// and comes from the npu generator (a bernoulli_ of 1 - p over the mask's
+// elements, so it advances the offset by numel as DTensor's tracker
+// expects), and the output is input * mask * (1 / (1 - p)), the scale
+// applied in the op's math type. For a contiguous floating-point input one
+// pass draws each element's block and writes its mask bit and its output,
+// computing exactly what the three ops (bernoulli_, mul, mul_) computed
+// before: (x * m) * scale, so a dropped NaN or inf stays NaN as on CUDA.
+// Other inputs take those three ops.
 std::tuple<Tensor, Tensor> native_dropout(const Tensor& input, double p, std::optional<bool> train) {
   const auto mask_options = input.options().dtype(at::kBool);
   if (train.has_value() && !*train) {
@@ -399,8 +432,32 @@ std::tuple<Tensor, Tensor> native_dropout(const Tensor& input, double p, std::op
     return {at::zeros_like(input), at::zeros_like(input, mask_options)};
   }
   Tensor mask = at::empty_like(input, mask_options);
-  bernoulli_float(mask, 1 - p, std::nullopt);
-  return {input.mul(mask).mul_(1.0 / (1.0 - p)), mask};
+  if (input.device().type() != kNpu || !input.is_contiguous() || !at::isFloatingType(input.scalar_type())) {
+    bernoulli_float(mask, 1 - p, std::nullopt);
+    return {input.mul(mask).mul_(1.0 / (1.0 - p)), mask};
+  }
+  Tensor output = at::empty_like(input, at::MemoryFormat::Contiguous);
+  mask = mask.contiguous();
+  // bernoulli_'s checks and its draw, over the mask
+  TORCH_CHECK(0 <= p && p <= 1, "dropout probability has to be between 0 and 1, but got ", p);
+  const RandomLaunch launch = begin_op(mask, std::nullopt, "native_dropout");
+  const double keep = 1 - p;
+  AT_DISPATCH_FLOATING_TYPES_AND2(at::kHalf, at::kBFloat16, input.scalar_type(), "native_dropout_npu", [&] {
+    using opmath_t = at::opmath_type<scalar_t>;
+    const auto scale = static_cast<opmath_t>(1.0 / keep);
+    run_random_op(input.device().index(), input.numel(), launch,
+        [x = cpu_alias(input), out = cpu_alias(output), m = cpu_alias(mask), keep, scale](const PhiloxInputs& in) {
+          const scalar_t* source = x.const_data_ptr<scalar_t>();
+          scalar_t* target = out.data_ptr<scalar_t>();
+          philox_write<bool>(m, in, [&](const PhiloxBlock& b, int64_t i) {
+            const bool kept = at::transformation::bernoulli(unit(b.lo()), keep);
+            const auto dropped = static_cast<scalar_t>(source[i] * static_cast<scalar_t>(kept));
+            target[i] = static_cast<scalar_t>(static_cast<opmath_t>(dropped) * scale);
+            return kept;
+          });
+        });
+  });
+  return {output, mask};
 }
 
 }  // namespace

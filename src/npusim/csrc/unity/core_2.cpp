@@ -13,6 +13,7 @@
 #include "../aten/fallback_routes.cpp"
 #include "../aten/intraop_threads.cpp"
 #include "../aten/generator.cpp"
+#include "../aten/philox_blocks.cpp"
 #include "../aten/random_ops.cpp"
 #include "../aten/cuda_semantics.cpp"
 #include "../aten/attention.cpp"
