@@ -189,7 +189,7 @@ class Profile:
 # runtime/collective_cost.py). The fractions come from public figures for the Ascend 910B (A2):
 # - hbm_eff 0.57, vector_eff 0.70, bus_eff 0.70: Huawei's own modelling tool (Ascend/msmodeling @
 #   1e5a50b1a025a6658a277aa963c87691dc279f4f, tensor_cast/device.py, ATLAS_800.A2_376T_64G, the
-#   353.9 TFLOPS part the profile models) gives memory_efficiency 0.6 of 1.6 TiB/s, i.e. 1055.7 GB/s
+#   353.9 TFLOPS part the profile models) gives memory_efficiency 0.6 of 1.6 TiB/s, i.e. 1055.5 GB/s
 #   achieved, which is 0.573 of the profile's 1843.2 GB/s; compute_efficiency 0.7 over its cube and
 #   vector ("gp") rates alike (its vector rate, 22 TFLOPS, is the profile's); comm_efficiency 0.7 on
 #   the A2's HCCS mesh and its RoCE network. Its comment says the figures still need calibrating; no
