@@ -8,6 +8,10 @@ and override single flags, through the API or the environment::
 
     NPUSIM_PROFILE=inference_soc NPUSIM_PROFILE_OVERRIDES="batch=1" python ...
     npusim.set_profile("old_cann", memcpy_batch_async=False)
+
+It also carries the chip's peak rates, its server's links and what real kernels reach of those peaks
+(Note [Chip figures], Note [Calibrated efficiencies]), which the timing model prices work with;
+``NPUSIM_PROFILE_OVERRIDES="roofline=1"`` prices at the peaks, ``cube_eff_large=0.7`` sets one figure.
 """
 
 from __future__ import annotations
@@ -73,7 +77,7 @@ class Profile:
     host_launch_us: float = 22.5  # host CPU time of one eager operator launch through torch_npu
     host_cpu_factor: float = 1.5  # the target host's CPU time over a typical x86 dev machine's
     # What real kernels reach of the peaks above, by kernel class (Note [Calibrated efficiencies]):
-    # the timing model divides each peak by its class's fraction. roofline=True prices every class
+    # the timing model scales each peak by its class's fraction. roofline=True prices every class
     # at its peak (all efficiencies 1.0), the model before calibration.
     cube_eff_small: float = 0.24  # matmuls of arithmetic intensity below 256 FLOP per byte
     cube_eff_medium: float = 0.39  # 256 to 1024 FLOP per byte
@@ -85,8 +89,9 @@ class Profile:
     roofline: bool = False  # True: every efficiency above is 1.0
 
     def efficiency(self, kernel: str) -> float:
-        """The fraction of its peak a kernel of class ``kernel`` reaches (one of KERNEL_CLASSES, or
-        "hbm" / "bus"): the profile's figure, or 1.0 for a roofline profile."""
+        """The fraction of its peak a kernel of class ``kernel`` reaches ("cube_small", "cube_medium",
+        "cube_large", "attention", "vector", or "hbm" / "bus" for memory and links): the profile's
+        figure, or 1.0 for a roofline profile."""
         if kernel not in _EFFICIENCY_FIELDS:
             raise ValueError(f"npusim profile: unknown kernel class {kernel!r}; expected one of "
                              f"{sorted(_EFFICIENCY_FIELDS)}")
