@@ -91,6 +91,28 @@ def test_fused_operator_resolves_through_ops_at_access(torch_npu, monkeypatch):
     assert torch.equal(torch_npu.npu_rms_norm(torch.ones(2, device="npu"), 3.0).cpu(), torch.full((2,), 3.0))
 
 
+def test_all_names_the_operators_torch_npu_exposes_that_npusim_has(torch_npu):
+    """torch_npu.__all__ is the exposed operators (op-plugin's exposed: for torch 2.13) npusim defines, each
+    torch.ops.npu's; what is not in it does not look public by the rule of torch_npu's test_public_bindings
+    (test_correct_module_names): a name starting with _, or a __module__ outside torch_npu or inside a private
+    part of it."""
+    from npusim.runtime.parity import TORCH_NPU_EXPOSED_OPS
+
+    assert torch_npu.__all__ == sorted(TORCH_NPU_EXPOSED_OPS & set(OPS))
+    assert {"npu_rms_norm", "npu_fusion_attention", "npu_format_cast", "fast_gelu"} <= set(torch_npu.__all__)
+    # Defined but not exposed: backward ops, get_npu_format, and npu_fused_infer_attention_score (exposed for v2.1).
+    assert not {"npu_rms_norm_backward", "get_npu_format", "get_storage_size",
+                "npu_fused_infer_attention_score"} & set(torch_npu.__all__)
+    assert all(getattr(torch_npu, name) is getattr(torch.ops.npu, name) for name in torch_npu.__all__)
+
+    def looks_public(name: str) -> bool:
+        module = getattr(getattr(torch_npu, name), "__module__", None) or ""
+        return not name.startswith("_") and module.startswith("torch_npu") and "._" not in module
+
+    unexposed = [name for name in dir(torch_npu) if name not in torch_npu.__all__ and looks_public(name)]
+    assert unexposed == []
+
+
 def test_unknown_names_and_unsimulated_submodules_are_refused_by_name(torch_npu):
     """Any other attribute is a NotSimulatedError; torch_npu's services fail to import naming themselves."""
     with pytest.raises(AttributeError, match=r"torch_npu\.erase_stream is not simulated by npusim"):
@@ -184,13 +206,15 @@ def test_weak_ref_tensor_aliases_without_keeping_memory(torch_npu):
 
 
 def test_custom_dtypes_storage_size_and_options(torch_npu, tmp_path):
-    """torch_npu's custom dtype numbers (ACL's + 256) on torch_npu and _C._cd.DType; get_storage_size counts the
-    storage's elements, not the view's; use_compatible_impl is stored and read back; PathManager's folders."""
+    """torch_npu's custom dtype numbers (ACL's + 256) on torch_npu and _C._cd.DType; get_storage_size (an npu
+    operator) counts the storage's elements, not the view's; use_compatible_impl is stored and read back;
+    PathManager's folders."""
     assert (torch_npu.hifloat8, torch_npu.float4_e2m1fn_x2, torch_npu.float8_e8m0fnu) == (290, 296, 293)
     assert torch_npu._C._cd.DType.hifloat8 == torch_npu.hifloat8 and torch_npu.bfloat16 == 256 + 27
     base = torch.empty(4, 6, device="npu", dtype=torch.float16)
     assert torch_npu.get_storage_size(base[1:, :2]) == 24 == torch_npu.get_storage_size(base)
-    with pytest.raises(RuntimeError, match="get_storage_size: expected an npu tensor, got one on cpu"):
+    assert torch_npu.get_storage_size is torch.ops.npu.get_storage_size  # an operator, as on torch_npu
+    with pytest.raises(RuntimeError, match="get_storage_size: self must be on an npu device, got cpu"):
         torch_npu.get_storage_size(torch.ones(2))
     assert torch_npu.npu.OutOfMemoryError is torch.OutOfMemoryError
     try:

@@ -104,7 +104,8 @@ FRAMEWORK_PROVIDED: dict[str, str] = {
                           "simulated (MindSpeed, torchtitan-npu)",
     "torch_npu.float8_e8m0fnu": "torch_npu's custom dtype number (MindSpeed, torchtitan-npu)",
     "torch_npu.float4_e2m1fn_x2": "torch_npu's custom dtype number (op-plugin's quantized ops' dtype arguments)",
-    "torch_npu.get_storage_size": "the element count of an npu tensor's storage (torch_npu's combine_tensors, tests)",
+    "torch_npu.get_storage_size": "the element count of an npu tensor's storage, an npu operator as on torch_npu "
+                                  "(torch_npu's combine_tensors, tests)",
     "torch_npu.npu.SyncLaunchStream": "a stream launched from the calling thread, as every npusim stream is "
                                       "(Note [Sync-launch streams])",
     "torch_npu.npu.OutOfMemoryError": "torch.OutOfMemoryError, what the caching allocator raises",
@@ -172,3 +173,42 @@ FRAMEWORK_REFUSED: dict[str, str] = {
     "torch_npu.contrib.module.DCNv2": "torch_npu's modules over op-plugin kernels npusim has not (deformable "
                                       "convolution, ROI align, quantized linear layers, ...)",
 }
+
+# The fused operators torch_npu puts in its ``__all__``: the entries of op-plugin's
+# op_plugin/config/op_plugin_functions.yaml (sections custom and custom_autograd) and of torch_npu's
+# npu_native_functions.yaml whose ``exposed`` covers torch 2.13 (True, all_version or a version range
+# reaching v2.13: npu_fused_infer_attention_score is exposed for v2.1 only), which torch_npu's build writes to
+# torch_npu/utils/exposed_api.py and its _init/core/_exports.py adds to ``torch_npu.__all__`` when the op
+# exists. Read from Ascend/op-plugin and Ascend/pytorch master in December 2026; 119 names. npusim's
+# ``torch_npu.__all__`` is the part of it npusim defines (ops.fused.OPS), so it grows as operators come.
+TORCH_NPU_EXPOSED_OPS: frozenset[str] = frozenset({
+    "_npu_dropout", "empty_with_swapped_memory", "fast_gelu", "npu_advance_step_flashattn", "npu_all_gather_base_mm",
+    "npu_alloc_float_status", "npu_alltoallv_gmm", "npu_alltoallv_quant_gmm", "npu_anchor_response_flags",
+    "npu_anti_quant", "npu_apply_rotary_pos_emb", "npu_batch_nms", "npu_bert_apply_adam",
+    "npu_block_sparse_attention", "npu_bmmV2", "npu_bounding_box_decode", "npu_bounding_box_encode", "npu_ciou",
+    "npu_clear_float_status", "npu_clipped_swiglu", "npu_confusion_transpose", "npu_conv3d",
+    "npu_convert_weight_to_int4pack", "npu_cross_entropy_loss", "npu_deformable_conv2d",
+    "npu_dense_lightning_indexer_grad_kl_loss", "npu_dense_lightning_indexer_softmax_lse", "npu_diou",
+    "npu_dropout_with_add_softmax", "npu_dynamic_block_quant", "npu_dynamic_quant", "npu_dynamic_quant_asymmetric",
+    "npu_fast_gelu", "npu_ffn", "npu_format_cast", "npu_format_cast_", "npu_fused_attention_score",
+    "npu_fused_causal_conv1d", "npu_fusion_attention", "npu_gather_sparse_index", "npu_gelu_mul",
+    "npu_get_float_status", "npu_giou", "npu_gmm_alltoallv", "npu_grid_assign_positive", "npu_group_norm_silu",
+    "npu_group_norm_swish", "npu_grouped_matmul", "npu_grouped_matmul_finalize_routing", "npu_incre_flash_attention",
+    "npu_indexing", "npu_iou", "npu_kv_quant_sparse_flash_attention", "npu_lightning_indexer", "npu_linear",
+    "npu_lstm", "npu_masked_causal_conv1d", "npu_max", "npu_mhc_post", "npu_mhc_post_backward", "npu_mhc_sinkhorn",
+    "npu_mla_prolog", "npu_mla_prolog_v2", "npu_mm_all_reduce_base", "npu_mm_reduce_scatter_base",
+    "npu_moe_compute_expert_tokens", "npu_moe_finalize_routing", "npu_moe_gating_top_k_backward",
+    "npu_moe_gating_top_k_softmax", "npu_moe_gating_top_k_softmax_v2", "npu_moe_init_routing",
+    "npu_moe_update_expert", "npu_mrope", "npu_multi_head_attention", "npu_nms_v4", "npu_nms_with_mask",
+    "npu_one_hot", "npu_pad", "npu_prefetch", "npu_prompt_flash_attention", "npu_ps_roi_pooling",
+    "npu_quant_gmm_alltoallv", "npu_quant_lightning_indexer", "npu_quant_matmul", "npu_quant_matmul_gelu",
+    "npu_quant_matmul_reduce_sum", "npu_quant_scatter", "npu_quant_scatter_", "npu_quantize",
+    "npu_random_choice_with_mask", "npu_recurrent_gated_delta_rule", "npu_recurrent_gated_delta_rule_functional",
+    "npu_ring_attention_update", "npu_rms_norm", "npu_roi_align", "npu_rotary_mul", "npu_rotate_quant",
+    "npu_rotated_iou", "npu_rotated_overlaps", "npu_scaled_masked_softmax", "npu_scatter_nd_update",
+    "npu_scatter_nd_update_", "npu_scatter_pa_kv_cache", "npu_sign_bits_pack", "npu_sign_bits_unpack",
+    "npu_sim_exponential_", "npu_slice", "npu_softmax_cross_entropy_with_logits", "npu_sparse_flash_attention",
+    "npu_sparse_lightning_indexer_grad_kl_loss", "npu_swiglu", "npu_trans_quant_param", "npu_transpose",
+    "npu_transpose_batchmatmul", "npu_transpose_quant_batchmatmul", "npu_weight_quant_batchmatmul",
+    "npu_yolo_boxes_encode", "scatter_update", "scatter_update_",
+})

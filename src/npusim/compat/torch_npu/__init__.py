@@ -46,8 +46,10 @@ STARTUP_DIR = Path(__file__).parent / "startup"
 #   simulates it (``npusim.ops.fused.OPS``, read at each attribute access);
 # - every other attribute raises NotSimulatedError, an AttributeError, naming the call,
 #   so ``hasattr(torch_npu, "npu_rms_norm")`` is False unless the operator is simulated;
-# - torch_npu's custom dtype numbers (``torch_npu.hifloat8``, ...) and ``get_storage_size`` are
-#   attributes of the package;
+# - torch_npu's custom dtype numbers (``torch_npu.hifloat8``, ...) are attributes of the package,
+#   ``get_storage_size`` is an operator (``torch.ops.npu.get_storage_size``) as on torch_npu, and
+#   ``torch_npu.__all__`` names the operators torch_npu exposes that npusim has
+#   (``runtime/parity.py: TORCH_NPU_EXPOSED_OPS``);
 # - ``torch_npu.testing``, ``torch_npu._C`` (raw streams, ``_cd``, ``_distributed_c10d``),
 #   ``torch_npu.utils``, ``torch_npu.profiler`` (torch.profiler writing torch_npu's output:
 #   Note [What npusim's torch_npu.profiler writes]), ``torch_npu.contrib.transfer_to_npu`` and ``.module``,

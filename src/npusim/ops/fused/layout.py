@@ -60,6 +60,7 @@ CONFUSION_TRANSPOSE_BACKWARD = define("npu_confusion_transpose_backward(Tensor g
                                       "bool transpose_first) -> Tensor")
 # The format calls are torch_npu's own (torch_npu/csrc/aten/npu_native_functions.yaml), not op-plugin's.
 GET_NPU_FORMAT = define("get_npu_format(Tensor self) -> int")
+GET_STORAGE_SIZE = define("get_storage_size(Tensor self) -> int")
 FORMAT_CAST = define("npu_format_cast(Tensor self, int acl_format, *, int? customize_dtype=None, "
                      "int? input_dtype=None) -> Tensor")
 FORMAT_CAST_TENSOR = define("npu_format_cast.Tensor(Tensor self, Tensor dst, *, int? customize_dtype=None, "
@@ -232,6 +233,12 @@ def _get_npu_format_fake(t: Tensor) -> int:
     return int(_base_format(t))  # a traced tensor's storage is not the one the program will run on
 
 
+def get_storage_size(t: Tensor) -> int:
+    """The element count of t's storage (torch_npu: the product of its storage descriptor's sizes); every
+    format's data is ND here (Note [Where the npu format lives]), so the storage's bytes over the element size."""
+    return t.untyped_storage().nbytes() // t.element_size()
+
+
 def _cast(t: Tensor, target: Format) -> Tensor:
     out = torch.empty_strided(t.shape, t.stride(), dtype=t.dtype, device=t.device).copy_(t)
     _FORMATS[out.untyped_storage()] = target
@@ -277,6 +284,7 @@ def _identity_autograd(ctx, grad: Tensor) -> tuple[Tensor, None]:
 
 
 implement(GET_NPU_FORMAT, get_npu_format, _get_npu_format_fake)
+implement(GET_STORAGE_SIZE, get_storage_size, get_storage_size)  # sizes only: a fake storage has them too
 implement(FORMAT_CAST, format_cast, _format_cast_fake)
 implement(FORMAT_CAST_TENSOR, format_cast_tensor, _format_cast_fake)
 implement(FORMAT_CAST_INPLACE, format_cast_, _format_cast_inplace_fake)

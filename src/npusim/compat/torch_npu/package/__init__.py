@@ -24,23 +24,19 @@ from npusim.compat.torch_npu import PACKAGE_DIR, NotSimulatedError
 from npusim.distributed import dtensor_strategies
 from npusim.ops.fused import OPS
 from npusim.ops.fused.layout import Format  # noqa: F401  (torch_npu.Format, the ACL formats)
+from npusim.runtime.parity import TORCH_NPU_EXPOSED_OPS
 
 __npusim_shim__ = True  # npusim's own torch_npu, not a real one (npusim._device checks it)
+
+# torch_npu's public names: the fused operators op-plugin marks exposed, of those npusim defines. The rest of
+# the namespace (the other operators, the dtype numbers, Format) is reachable, not public, as on torch_npu,
+# whose test/npu/test_public_bindings.py checks the split.
+__all__ = sorted(name for name in TORCH_NPU_EXPOSED_OPS if name in OPS)
 
 # torch_npu exports every custom dtype number of _C._cd.DType on itself (torch_npu.hifloat8 == 290, ...).
 for _name in _cd.NAMES:
     globals()[_name] = getattr(_cd.DType, _name)
 
-
-def get_storage_size(self: torch.Tensor) -> int:
-    """The element count of npu tensor ``self``'s storage, as torch_npu's ``get_storage_size`` (the product
-    of its storage descriptor's sizes). npusim keeps every format's data in ND layout (Note [Where the npu
-    format lives]), so that is the storage's bytes over the element size."""
-    if not isinstance(self, torch.Tensor):
-        raise TypeError(f"torch_npu.get_storage_size: expected a Tensor, got {type(self).__name__}")
-    if self.device.type != "npu":
-        raise RuntimeError(f"torch_npu.get_storage_size: expected an npu tensor, got one on {self.device}")
-    return self.untyped_storage().nbytes() // self.element_size()
 
 # torch_npu registers its DTensor strategies of aten.matmul / matmul_backward on import, and frameworks wrap
 # them (torchtitan-npu's custom_shardings): npusim.distributed.dtensor_strategies.
@@ -76,7 +72,7 @@ def __getattr__(name: str) -> Any:
             f"(simulated: {', '.join(sorted(OPS)) or 'none yet'}); use the PyTorch operators it fuses, or run on "
             "a real NPU", name=name, obj=sys.modules[__name__])
     raise NotSimulatedError(f"torch_npu.{name} is not simulated by npusim (npusim's torch_npu provides torch_npu.npu, "
-                            "op-plugin's simulated fused operators, the custom dtype numbers, get_storage_size, "
+                            "op-plugin's simulated fused operators, the custom dtype numbers, "
                             "torch_npu.testing, torch_npu._C's raw streams and hccl options, torch_npu.utils, "
                             "torch_npu.profiler and torch_npu.contrib)",
                             name=name, obj=sys.modules[__name__])
