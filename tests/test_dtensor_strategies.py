@@ -125,6 +125,68 @@ FUSED_CASES = [
 ]
 
 
+def _routing(seed: int) -> dict[str, object]:
+    """A small MoE routing: 4 tokens of hidden size 8, top-2 of 3 experts, and what permute gives for them."""
+    generator = torch.Generator().manual_seed(seed)
+    tokens = torch.randn(4, 8, generator=generator).npu()
+    indices = torch.stack([torch.randperm(3, generator=generator)[:2] for _ in range(4)]).to(torch.int32).npu()
+    probs = torch.rand(4, 2, generator=generator).npu()
+    permuted, sorted_indices = torch.ops.npu.npu_moe_token_permute(tokens, indices)
+    return {"tokens": tokens, "indices": indices, "probs": probs, "permuted": permuted, "sorted": sorted_indices,
+            "grad_permuted": torch.randn(8, 8, generator=generator).npu(),
+            "grad_tokens": torch.randn(4, 8, generator=generator).npu(),
+            "x": torch.randn(4, 6, 8, generator=generator).npu()}
+
+
+# More of op-plugin's fused operators, on arguments that are not all tensors: (name, the op, the arguments by
+# the routing's names (other values as they are), each argument's placement (None: not a tensor), the
+# outputs' expected placements).
+MORE_FUSED_CASES = [
+    ("npu_fast_gelu", torch.ops.npu.npu_fast_gelu, ["x"], ["S2"], ("S2",)),
+    ("fast_gelu", torch.ops.npu.fast_gelu, ["x"], ["S0"], ("S0",)),
+    ("npu_fast_gelu_backward", torch.ops.npu.npu_fast_gelu_backward, ["x", "x"], ["S1", "S1"], ("S1",)),
+    ("npu_moe_token_permute", torch.ops.npu.npu_moe_token_permute, ["tokens", "indices"], ["S1", "R"],
+     ("S1", "R")),
+    ("npu_moe_token_permute_grad", torch.ops.npu.npu_moe_token_permute_grad,
+     ["tokens", "grad_permuted", "indices", "sorted"], ["S1", "S1", "R", "R"], ("S1",)),
+    ("npu_moe_token_permute_grad_v2", torch.ops.npu.npu_moe_token_permute_grad_v2,
+     ["grad_permuted", "sorted", 4, torch.float32, 2], ["S1", "R", None, None, None], ("S1",)),
+    ("npu_moe_token_unpermute", torch.ops.npu.npu_moe_token_unpermute, ["permuted", "sorted", "probs"],
+     ["S1", "R", "R"], ("S1",)),
+    ("npu_moe_token_unpermute_grad", torch.ops.npu.npu_moe_token_unpermute_grad,
+     ["permuted", "grad_tokens", "sorted", "probs"], ["S1", "S1", "R", "R"], ("S1", "P")),
+    ("npu_moe_token_unpermute_grad_v2", torch.ops.npu.npu_moe_token_unpermute_grad_v2,
+     ["grad_tokens", "sorted", 8, torch.float32, "probs", False, None, "permuted"],
+     ["S1", "R", None, None, "R", None, None, "S1"], ("S1", "P")),
+]
+
+
+def _check_more_fused_strategies(rank: int, world_size: int) -> int:
+    from torch.distributed.device_mesh import init_device_mesh
+    from torch.distributed.tensor import distribute_tensor
+    from torch.distributed.tensor.debug import CommDebugMode
+
+    from npusim.distributed import dtensor_strategies
+
+    dtensor_strategies.register()
+    mesh = init_device_mesh("npu", (world_size,))
+    for i, (name, op, arguments, places, out_places) in enumerate(MORE_FUSED_CASES):
+        values = _routing(seed=300 + i)
+        args = [values[a] if isinstance(a, str) else a for a in arguments]
+        expected = op(*args)
+        expected = expected if isinstance(expected, tuple) else (expected,)
+        sharded = [a if p is None else distribute_tensor(a, mesh, [_placement(p)])
+                   for a, p in zip(args, places, strict=True)]
+        with CommDebugMode() as comm:
+            got = op(*sharded)
+        got = got if isinstance(got, tuple) else (got,)
+        assert comm.get_total_counts() == 0, f"{name}: {comm.get_comm_counts()}"
+        for j, (g, e, p) in enumerate(zip(got, expected, out_places, strict=True)):
+            assert g.placements == (_placement(p),), f"{name} output {j}: {g.placements}"
+            assert_close(g.full_tensor().cpu(), e.cpu(), rtol=1e-5, atol=1e-5, msg=f"{name} output {j}")
+    return len(MORE_FUSED_CASES)
+
+
 def _check_fused_strategies(rank: int, world_size: int) -> int:
     from torch.distributed.device_mesh import init_device_mesh
     from torch.distributed.tensor import distribute_tensor
@@ -154,6 +216,13 @@ def _check_fused_strategies(rank: int, world_size: int) -> int:
 def test_fused_operator_strategies_give_unsharded_values_on_two_ranks():
     """op-plugin's norms, rotary embedding and SwiGLU on DTensors of a 2-rank npu mesh equal the unsharded ops."""
     assert run_ranks(_check_fused_strategies, timeout=180) == [len(FUSED_CASES)] * 2
+
+
+def test_fast_gelu_and_moe_token_permute_strategies_give_unsharded_values_on_two_ranks():
+    """op-plugin's fast GELU (split anywhere) and MoE token permute / unpermute with their gradients (the hidden
+    dimension split, the routing replicated, the gradient of probs Partial) on a 2-rank npu mesh equal the
+    unsharded ops, with no collective."""
+    assert run_ranks(_check_more_fused_strategies, timeout=180) == [len(MORE_FUSED_CASES)] * 2
 
 
 def test_matmul_strategies_give_unsharded_values_on_two_ranks():
