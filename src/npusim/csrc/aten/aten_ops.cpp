@@ -198,10 +198,16 @@ at::Tensor copy_from(const at::Tensor& src, const at::Tensor& dst, bool non_bloc
     copy_now(stream, dst_npu ? "copy_h2d" : "copy_d2h", dst_alias, cpu_alias(src));
     return dst;
   }
+  const bool host_waits = host_must_wait(dst, non_blocking);
+  if (host_waits && stream.capture() != nullptr) {
+    // Refused before anything is captured, so the capture goes on without
+    // it (Note [Capture-time refusals]).
+    stream.capture()->refuse_host_wait(stream, dst_npu ? "copy_h2d" : "copy_d2h");
+  }
   at::Tensor src_alias = dst_npu && non_blocking ? stage_pageable_sources({src})[0] : cpu_alias(src);
   stream.enqueue([dst_alias, src_alias] { host_copy(dst_alias, src_alias); }, copy_task_us(nbytes),
       dst_npu ? "copy_h2d" : "copy_d2h");
-  if (host_must_wait(dst, non_blocking)) {
+  if (host_waits) {
     stream.synchronize();
   }
   return dst;

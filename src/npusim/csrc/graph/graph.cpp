@@ -42,8 +42,9 @@ namespace npusim {
 // the stream]: data-dependent output shapes such as nonzero or
 // masked_select, no meta kernel, host values) and out= arguments a capture
 // would resize cannot be captured and raise. A host wait or query of a
-// captured stream or event raises CUDA's error and invalidates the capture,
-// which capture_end then reports (Note [Capture-time refusals]). Like CUDA,
+// captured stream or event raises CUDA's error and, as on the NPU, leaves the
+// capture valid; CUDA's potentially unsafe calls invalidate it, which
+// capture_end then reports (Note [Capture-time refusals]). Like CUDA,
 // the graph works on the tensors it saw at capture: later replays read
 // whatever those addresses hold then (CPU scalars as they were at capture,
 // as CUDA's kernel arguments). Collectives cannot be captured (the

@@ -7,11 +7,13 @@
 namespace npusim {
 namespace {
 
-// CUDA's cudaErrorCapturedEvent, for a host call on an event recorded during capture.
+// CUDA's cudaErrorCapturedEvent, for a host call on an event recorded during
+// capture; the capture stays valid (Note [Capture-time refusals]).
 [[noreturn]] void refuse_captured_event(const EventRecord& record, const char* op) {
   const std::string message = c10::str("operation not permitted on an event last recorded in a capturing stream: ",
       op, " of an event recorded during an npu graph capture (its record runs only when the graph is replayed)");
-  with_capture(record.capture_id, [&](StreamCapture& capture) { capture.refuse(message); });
+  const bool underway = with_capture(record.capture_id, [](StreamCapture&) {});
+  TORCH_CHECK(!underway, message);
   TORCH_CHECK(false, message, "; that capture has ended: record the event again outside the capture");
 }
 

@@ -743,22 +743,28 @@ void synchronize_device(c10::DeviceIndex device) {
 // Note [Capture-time refusals]
 // A capture records work instead of running it, so a host wait on a captured
 // stream (or on an event recorded into the capture) would wait for work that
-// never runs: CUDA raises instead, and so does npusim, never hanging. Every such
-// call raises CUDA's error and invalidates the capture (capture_end then
-// reports it): synchronize of a captured stream or its device, Stream.query,
-// Event.query / synchronize / elapsed_time of an event recorded during capture
-// ("operation not permitted on an event last recorded in a capturing stream"),
-// .item() / .cpu() and blocking host<->device copies on a captured stream. As
-// CUDA's capture_error_mode, a capture also refuses the user's host queries and
-// waits on streams and events outside it, the calls CUDA calls potentially
-// unsafe: "global" (the default) from any thread, "thread_local" from the
-// thread that began the capture, "relaxed" never. Those refusals are checked
-// where the user's calls come in (the device guard's query / synchronize
-// hooks, torch.npu.synchronize): npusim's own waits on streams that are not
-// captured (a free waiting on a fence, a blocking copy on another stream) are
-// not refused. The caching allocator refuses empty_cache while a capture of
-// its device is underway, as CUDA's does (its captures_underway assertion),
-// without invalidating the capture.
+// never runs: CUDA raises instead, and so does npusim, never hanging. These
+// raise CUDA's error: synchronize of a captured stream or its device,
+// Stream.query, Event.query / synchronize / elapsed_time of an event recorded
+// during capture ("operation not permitted on an event last recorded in a
+// capturing stream"), .item() / .cpu() and blocking host<->device copies on a
+// captured stream. On CUDA the capture is then invalidated; on the NPU the
+// runtime rejects the stream synchronization and the capture goes on
+// (torch_npu's test_aclgraph_pin_memory reads .item() inside a capture, expects
+// the error, then ends the capture and uses the graph), and npu follows
+// torch_npu: a rejected wait leaves the capture valid, and the rejected call
+// enqueued nothing into it. What CUDA's capture_error_mode refuses as
+// potentially unsafe (the user's host queries and waits on streams and events
+// outside the capture: "global" from any thread, "thread_local" from the
+// thread that began the capture, "relaxed" never) and what breaks the graph's
+// structure (a dependency on uncaptured work, a merge of two captures) still
+// invalidate the capture, which capture_end then reports. Those refusals are
+// checked where the user's calls come in (the device guard's query /
+// synchronize hooks, torch.npu.synchronize): npusim's own waits on streams
+// that are not captured (a free waiting on a fence, a blocking copy on another
+// stream) are not refused. The caching allocator refuses empty_cache while a
+// capture of its device is underway, as CUDA's does (its captures_underway
+// assertion), without invalidating the capture.
 
 namespace {
 
@@ -780,7 +786,8 @@ const char* mode_name(CaptureMode mode) {
 }  // namespace
 
 void StreamCapture::refuse_host_wait(const NpuStream& stream, const char* op) {
-  refuse(c10::str("operation not permitted when stream is capturing: ", op, " waits on ", stream.name(),
+  // Rejected without invalidating the capture: Note [Capture-time refusals].
+  TORCH_CHECK(false, c10::str("operation not permitted when stream is capturing: ", op, " waits on ", stream.name(),
       ", which an npu graph is capturing (no host synchronization or host read of device data is "
       "possible during capture)"));
 }
@@ -816,10 +823,9 @@ void refuse_unsafe_call_during_capture(const char* op, const NpuStream* target, 
     return;
   }
   if (target != nullptr) {
-    if (StreamCapture* graph = target->capture()) {
-      graph->refuse(c10::str("operation not permitted when stream is capturing: ", op, " of ", target->name(),
-          ", which an npu graph is capturing (its work runs only when the graph is replayed)"));
-    }
+    // A wait on the captured stream itself is rejected, the capture left valid.
+    TORCH_CHECK(target->capture() == nullptr, "operation not permitted when stream is capturing: ", op, " of ",
+        target->name(), ", which an npu graph is capturing (its work runs only when the graph is replayed)");
   }
   std::lock_guard<std::mutex> lock(g_captures_mutex);
   for (StreamCapture* capture : g_captures) {
@@ -831,13 +837,16 @@ void refuse_unsafe_call_during_capture(const char* op, const NpuStream* target, 
     const bool waits_on_capture = waits_on_device == kAllDevices || waits_on_device == device;
     if (mode == CaptureMode::kGlobal ||
         (mode == CaptureMode::kThreadLocal && capture->thread() == std::this_thread::get_id())) {
-      capture->refuse(c10::str("operation not permitted when stream is capturing: ", op,
+      const std::string message = c10::str("operation not permitted when stream is capturing: ", op,
           " is a potentially unsafe call while an npu graph captures ", capture->origin().name(),
           " with capture_error_mode='", mode_name(mode), "' (refused ",
           mode == CaptureMode::kGlobal ? "from every thread" : "on the capturing thread",
           waits_on_capture
               ? c10::str("; no capture_error_mode allows it: it waits on npu:", device, ", whose stream is captured)")
-              : std::string("; 'relaxed' allows it)")));
+              : std::string("; 'relaxed' allows it)"));
+      // A wait on the capture's own device is a rejected stream synchronization.
+      TORCH_CHECK(!waits_on_capture, message);
+      capture->refuse(message);
     }
   }
 }

@@ -69,7 +69,8 @@ class StreamCapture {
   // Records `message` as the capture's failure (the first one wins), raises it.
   [[noreturn]] virtual void refuse(const std::string& message) = 0;
   // A host wait on `stream`, a stream of the capture: CUDA's "operation not
-  // permitted when stream is capturing".
+  // permitted when stream is capturing", the capture left valid (Note
+  // [Capture-time refusals]).
   [[noreturn]] void refuse_host_wait(const NpuStream& stream, const char* op);
 };
 
