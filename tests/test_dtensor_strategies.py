@@ -225,6 +225,102 @@ def test_fast_gelu_and_moe_token_permute_strategies_give_unsharded_values_on_two
     assert run_ranks(_check_more_fused_strategies, timeout=180) == [len(MORE_FUSED_CASES)] * 2
 
 
+def _attention_inputs(layout: str, seed: int) -> list[torch.Tensor]:
+    """query, key, value and dy of 2 batch entries, 4 heads, 6 positions and head size 8, in ``layout``."""
+    generator = torch.Generator().manual_seed(seed)
+    bnsd = [torch.randn(2, 4, 6, 8, generator=generator) for _ in range(4)]
+    order = {"BNSD": (0, 1, 2, 3), "BSND": (0, 2, 1, 3)}[layout]
+    return [t.permute(order).contiguous().npu() for t in bnsd]
+
+
+def _attention_forward_and_grad(q, k, v, dy, layout: str, v3: bool, **kwargs):
+    """The forward and the grad op on its outputs (the grad takes masks and statistics by keyword)."""
+    forward = torch.ops.npu.npu_fusion_attention_v3 if v3 else torch.ops.npu.npu_fusion_attention
+    outs = forward(q, k, v, 4, layout, scale=0.35, **kwargs)
+    extra = {"seed": outs[4], "offset": outs[5]} if v3 else {}
+    grad = torch.ops.npu.npu_fusion_attention_grad_v3 if v3 else torch.ops.npu.npu_fusion_attention_grad
+    grads = grad(q, k, v, dy, 4, layout, softmax_max=outs[1], softmax_sum=outs[2], attention_in=outs[0],
+                 scale_value=0.35, **kwargs, **extra)
+    return outs[:3], grads[:3]
+
+
+# (layout, the split of query / key / value / dy, whether v3, extra arguments, expected placement of the
+# attention output and the gradients, of the statistics).
+ATTENTION_CASES = [
+    ("BNSD", "S0", False, {}, "S0", "S0"),  # batch split
+    ("BNSD", "S1", False, {}, "S1", "S1"),  # head split: each rank's call takes 2 heads
+    ("BSND", "S2", False, {}, "S2", "S1"),  # head split in BSND
+    ("BSND", "S0", True, {}, "S0", "S0"),  # v3, batch split
+    ("BNSD", "S1", True, {}, "S1", "S1"),  # v3, head split
+    ("BNSD", "S1", False, {"mask": (1, 1, 6, 6)}, "S1", "S1"),  # a mask shared by every head: replicated
+    ("BNSD", "S0", False, {"mask": (2, 4, 6, 6)}, "S0", "S0"),  # a mask of its own per batch entry: split
+    ("BNSD", "S0", False, {"pse": (1, 4, 6, 6)}, "R", "R"),  # pse: replicated, the inputs gathered
+]
+
+
+def _check_attention_strategies(rank: int, world_size: int) -> int:
+    from torch.distributed.device_mesh import init_device_mesh
+    from torch.distributed.tensor import DTensor, distribute_tensor
+    from torch.distributed.tensor.debug import CommDebugMode
+
+    from npusim.distributed import dtensor_strategies
+
+    dtensor_strategies.register()
+    mesh = init_device_mesh("npu", (world_size,))
+    for i, (layout, split, v3, extra, out_place, stat_place) in enumerate(ATTENTION_CASES):
+        what = f"attention {layout} {split} v3={v3} {extra}"
+        q, k, v, dy = _attention_inputs(layout, seed=400 + i)
+        generator = torch.Generator().manual_seed(500 + i)
+        kwargs = {}
+        if "mask" in extra:  # a causal mask with a random extra hole, as bool
+            mask = torch.ones(6, 6).triu(1).bool() | (torch.rand(extra["mask"], generator=generator) > 0.8)
+            kwargs["atten_mask"] = mask.npu()
+        if "pse" in extra:
+            kwargs["pse"] = torch.randn(extra["pse"], generator=generator).npu()
+        expected_outs, expected_grads = _attention_forward_and_grad(q, k, v, dy, layout, v3, **kwargs)
+        sharded = [distribute_tensor(t, mesh, [_placement(split)]) for t in (q, k, v, dy)]
+        # A mask or pse passed as a plain tensor: the same on every rank, taken as replicated.
+        with CommDebugMode() as comm:
+            outs, grads = _attention_forward_and_grad(*sharded, layout, v3, **kwargs)
+        assert (comm.get_total_counts() == 0) == (out_place != "R"), f"{what}: {comm.get_comm_counts()}"
+        for j, (got, want) in enumerate(zip((*outs, *grads), (*expected_outs, *expected_grads), strict=True)):
+            place = stat_place if j in (1, 2) else out_place
+            assert isinstance(got, DTensor), f"{what} [{j}]"
+            assert got.placements == (_placement(place),), f"{what} [{j}]: {got.placements}"
+            assert_close(got.full_tensor().cpu(), want.cpu(), rtol=1e-5, atol=1e-5, msg=f"{what} [{j}]")
+    # The grad op given replicated statistics and attention_in by keyword, its q / k / v / dy split on the batch:
+    # the handler splits the keyword arguments too (DTensor reshards only positional ones).
+    q, k, v, dy = _attention_inputs("BNSD", seed=440)
+    outs = torch.ops.npu.npu_fusion_attention(q, k, v, 4, "BNSD", scale=0.35)
+    stats = {"softmax_max": outs[1], "softmax_sum": outs[2], "attention_in": outs[0]}
+    expected = torch.ops.npu.npu_fusion_attention_grad(q, k, v, dy, 4, "BNSD", scale_value=0.35, **stats)
+    replicated = {name: distribute_tensor(t, mesh, [_placement("R")]) for name, t in stats.items()}
+    sharded = [distribute_tensor(t, mesh, [_placement("S0")]) for t in (q, k, v, dy)]
+    grads = torch.ops.npu.npu_fusion_attention_grad(*sharded, 4, "BNSD", scale_value=0.35, **replicated)
+    for got, want in zip(grads[:3], expected[:3], strict=True):
+        assert got.placements == (_placement("S0"),), got.placements
+        assert_close(got.full_tensor().cpu(), want.cpu(), rtol=1e-5, atol=1e-5)
+    # Autograd through DTensors, as tensor parallelism runs it: the forward's backward calls the grad op.
+    q, k, v, dy = _attention_inputs("BNSD", seed=450)
+    leaves = [t.clone().requires_grad_() for t in (q, k, v)]
+    torch.ops.npu.npu_fusion_attention(*leaves, 4, "BNSD", scale=0.35)[0].backward(dy)
+    sharded = [distribute_tensor(t, mesh, [_placement("S1")]).requires_grad_() for t in (q, k, v)]
+    out = torch.ops.npu.npu_fusion_attention(*sharded, 4, "BNSD", scale=0.35)[0]
+    out.backward(distribute_tensor(dy, mesh, [_placement("S1")]))
+    for leaf, dleaf in zip(leaves, sharded, strict=True):
+        assert dleaf.grad.placements == (_placement("S1"),)
+        assert_close(dleaf.grad.full_tensor().cpu(), leaf.grad.cpu(), rtol=1e-5, atol=1e-5)
+    return len(ATTENTION_CASES) + 2
+
+
+def test_fusion_attention_strategies_give_unsharded_values_on_two_ranks():
+    """npu_fusion_attention(_v3) and its grad on DTensors of a 2-rank npu mesh: split along the batch or the heads
+    (each rank's call taking its share of head_num), masks split with them where they have a batch or heads of
+    their own, replicated with pse; forward, grad op with keyword statistics (resharded by the handler) and
+    autograd equal the unsharded, with no collective where the inputs sit where the strategy wants them."""
+    assert run_ranks(_check_attention_strategies, timeout=240) == [len(ATTENTION_CASES) + 2] * 2
+
+
 def test_matmul_strategies_give_unsharded_values_on_two_ranks():
     """DTensor matmul and matmul_backward on a 2-rank npu mesh equal the unsharded ops, placed as derived."""
     results = run_ranks(_check_strategies, timeout=180)

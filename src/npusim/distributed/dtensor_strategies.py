@@ -1,6 +1,7 @@
 """DTensor sharding strategies for ``aten.matmul`` and ``aten.matmul_backward``, as torch_npu registers.
 
-:func:`register` also registers those of op-plugin's fused operators (npusim.distributed.fused_strategies).
+:func:`register` also registers those of op-plugin's fused operators (npusim.distributed.fused_strategies,
+npusim.distributed.attention_strategies).
 
 torch_npu registers its own strategies for these two ops in DTensor's sharding propagator when it is
 imported (``torch_npu/distributed/tensor/``), and frameworks written for Ascend build on them:
@@ -125,14 +126,30 @@ _registered = False
 
 
 def register() -> None:
-    """Registers these strategies and op-plugin's fused operators' (npusim.distributed.fused_strategies) in
-    DTensor's sharding propagator (idempotent; a framework may wrap them afterwards, as torchtitan-npu does,
-    and a second call does not undo that)."""
+    """Registers these strategies and op-plugin's fused operators' (npusim.distributed.fused_strategies and
+    attention_strategies) in DTensor's sharding propagator (idempotent; a framework may wrap them afterwards,
+    as torchtitan-npu does, and a second call does not undo that)."""
     global _registered
     if _registered:
         return
-    from npusim.distributed.fused_strategies import FUSED_STRATEGY_OPS  # it imports this module's PlacementList
+    # Both import this module's PlacementList.
+    from npusim.distributed.attention_strategies import (
+        ATTENTION_OPS,
+        attention_handler,
+        attention_schema_info,
+        attention_shardings,
+    )
+    from npusim.distributed.fused_strategies import FUSED_STRATEGY_OPS
 
     for op, shardings in {**STRATEGY_OPS, **FUSED_STRATEGY_OPS}.items():
         register_sharding(op)(shardings)
+    # The attention ops' local call takes the rank's head count: a handler of DTensor's dispatcher computes it
+    # (PyTorch's loss_parallel adds its handlers the same way). See Note [Sharding npu_fusion_attention].
+    from torch.distributed.tensor import DTensor
+
+    propagator = DTensor._op_dispatcher.sharding_propagator
+    for op in ATTENTION_OPS:
+        register_sharding(op)(attention_shardings(op))
+        propagator.op_to_schema_info[op] = attention_schema_info(op)
+        DTensor._op_dispatcher._custom_op_handlers[op] = attention_handler
     _registered = True
