@@ -321,6 +321,92 @@ def test_fusion_attention_strategies_give_unsharded_values_on_two_ranks():
     assert run_ranks(_check_attention_strategies, timeout=240) == [len(ATTENTION_CASES) + 2] * 2
 
 
+def _gmm_operands(seed: int) -> dict[str, object]:
+    """Operands of npu_grouped_matmul's forms: two independent pairs (x up to 3-D), and one x of 6 rows grouped
+    2 + 4 over an (E=2, K=6, N=8) weight, with biases."""
+    generator = torch.Generator().manual_seed(seed)
+
+    def randn(*shape: int) -> torch.Tensor:
+        return torch.randn(shape, generator=generator).npu()
+
+    return {"xs": [randn(2, 4, 6), randn(3, 6)], "ws": [randn(6, 8), randn(6, 8)], "bs": [randn(8), randn(8)],
+            "x": [randn(6, 6)], "w": [randn(2, 6, 8)], "b": [randn(2, 8)],
+            "group_list": torch.tensor([2, 6]).npu()}
+
+
+# (what, the operand lists by name, their placements, keyword arguments (bias by operand name), the outputs'
+# expected placements, whether it runs without a collective).
+GMM_CASES = [
+    ("pairs, n split", ("xs", "ws"), ("R", "S1"), {"group_type": -1}, ("S2", "S1"), True),
+    ("pairs, n split with bias", ("xs", "ws"), ("R", "S1"), {"group_type": -1, "bias": "bs"}, ("S2", "S1"), True),
+    ("pairs, k split", ("xs", "ws"), ("S-1", "S0"), {"group_type": -1}, ("P", "P"), True),
+    ("pairs, rows split", ("xs", "ws"), ("S0", "R"), {"group_type": -1}, ("S0", "S0"), True),
+    ("grouped rows, n split", ("x", "w"), ("R", "S2"),
+     {"group_type": 0, "split_item": 2, "group_list": True, "bias": "b"}, ("S1",), True),
+    ("grouped rows, k split", ("x", "w"), ("S1", "S1"), {"group_type": 0, "split_item": 3, "group_list": True},
+     ("P",), True),
+    ("grouped rows, .List overload, n split", ("x", "w"), ("R", "S2"), {"split_item": 3, "group_list": [2, 6]},
+     ("S1",), True),
+    ("no way fits: gathered, replicated", ("x", "w"), ("S0", "S1"),
+     {"group_type": 0, "split_item": 3, "group_list": True}, ("R",), False),
+]
+
+
+def _check_grouped_matmul(rank: int, world_size: int) -> int:
+    from torch.distributed.device_mesh import init_device_mesh
+    from torch.distributed.tensor import DTensor, distribute_tensor
+    from torch.distributed.tensor.debug import CommDebugMode
+
+    from npusim.distributed import dtensor_strategies
+
+    dtensor_strategies.register()
+    mesh = init_device_mesh("npu", (world_size,))
+
+    def place(name: str, t: torch.Tensor):
+        return _placement(f"S{t.ndim - 1}" if name == "S-1" else name)
+
+    for i, (what, (x_name, w_name), (x_place, w_place), options, out_places, local) in enumerate(GMM_CASES):
+        operands = _gmm_operands(seed=600 + i)
+        kwargs = dict(options)
+        if kwargs.get("group_list") is True:
+            kwargs["group_list"] = operands["group_list"]
+        op = torch.ops.npu.npu_grouped_matmul.List if isinstance(kwargs.get("group_list"), list) else \
+            torch.ops.npu.npu_grouped_matmul.default
+        bias_name = kwargs.pop("bias", None)
+        bias = operands[bias_name] if bias_name else None
+        expected = op(operands[x_name], operands[w_name], bias=bias, **kwargs)
+        xs = [distribute_tensor(t, mesh, [place(x_place, t)]) for t in operands[x_name]]
+        ws = [distribute_tensor(t, mesh, [place(w_place, t)]) for t in operands[w_name]]
+        # The bias is split with the weights' n (its last dimension) where they are split, else replicated.
+        bias_place = "S-1" if w_place != "R" else "R"
+        bs = None if bias is None else [distribute_tensor(t, mesh, [place(bias_place, t)]) for t in bias]
+        with CommDebugMode() as comm:
+            got = op(xs, ws, bias=bs, **kwargs)
+        assert (comm.get_total_counts() == 0) == local, f"{what}: {comm.get_comm_counts()}"
+        assert len(got) == len(expected) == len(out_places), what
+        for j, (g, e, p) in enumerate(zip(got, expected, out_places, strict=True)):
+            assert isinstance(g, DTensor) and g.placements == (_placement(p),), f"{what} [{j}]: {g.placements}"
+            assert g.shape == e.shape, f"{what} [{j}]: {g.shape} vs {e.shape}"
+            assert_close(g.full_tensor().cpu(), e.cpu(), rtol=1e-5, atol=1e-5, msg=f"{what} [{j}]")
+    operands = _gmm_operands(seed=700)
+    try:
+        torch.ops.npu.npu_grouped_matmul([distribute_tensor(operands["x"][0], mesh, [_placement("R")])],
+                                         [distribute_tensor(operands["ws"][0], mesh, [_placement("R")])],
+                                         group_list=operands["group_list"], split_item=3, group_type=2)
+    except NotImplementedError as error:
+        assert "group_type=2 is not supported" in str(error)
+    else:
+        raise AssertionError("group_type 2 on DTensors ran")
+    return len(GMM_CASES) + 1
+
+
+def test_grouped_matmul_sharding_gives_unsharded_values_on_two_ranks():
+    """npu_grouped_matmul on DTensors of a 2-rank npu mesh: independent pairs split on n, k (Partial) or rows, grouped
+    rows over an (E, K, N) weight split on n or k, both overloads, biases with the weights' n; operands that fit no
+    way are gathered and run replicated; group_type 2 is refused as torch_npu refuses it."""
+    assert run_ranks(_check_grouped_matmul, timeout=240) == [len(GMM_CASES) + 1] * 2
+
+
 def test_matmul_strategies_give_unsharded_values_on_two_ranks():
     """DTensor matmul and matmul_backward on a 2-rank npu mesh equal the unsharded ops, placed as derived."""
     results = run_ranks(_check_strategies, timeout=180)

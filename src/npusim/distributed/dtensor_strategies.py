@@ -140,6 +140,7 @@ def register() -> None:
         attention_shardings,
     )
     from npusim.distributed.fused_strategies import FUSED_STRATEGY_OPS
+    from npusim.distributed.grouped_matmul_sharding import GROUPED_MATMUL_OPS, grouped_matmul_handler
 
     for op, shardings in {**STRATEGY_OPS, **FUSED_STRATEGY_OPS}.items():
         register_sharding(op)(shardings)
@@ -152,4 +153,8 @@ def register() -> None:
         register_sharding(op)(attention_shardings(op))
         propagator.op_to_schema_info[op] = attention_schema_info(op)
         DTensor._op_dispatcher._custom_op_handlers[op] = attention_handler
+    # npu_grouped_matmul takes tensor lists, which DTensor's propagation leaves unsplit: a handler decides
+    # (Note [Sharding npu_grouped_matmul]).
+    for op in GROUPED_MATMUL_OPS:
+        DTensor._op_dispatcher._custom_op_handlers[op] = grouped_matmul_handler
     _registered = True
