@@ -61,6 +61,20 @@ def test_one_files_counts_and_the_timeout(tmp_path, capsys):
         "demo: 1 of 3 tests pass (1 skipped); 0 of 2 files pass whole; 1 files timed out or crashed")
 
 
+def test_op_plugins_allowlist_goes_where_torch_npus_public_bindings_test_reads_it(tmp_path):
+    """With both sources, op-plugin's allowlist of public operators lands in the extracted torch_npu tree's
+    third_party/op-plugin/test/ (its submodule's place), once; an existing file there is left alone."""
+    op_plugin_test = tmp_path / "op-plugin" / "test"
+    _write(op_plugin_test / "allowlist_for_publicAPI.json", '{"torch_npu": {"all_version": ["npu_rms_norm"]}}')
+    repo = tmp_path / "pytorch"
+    assert ascend_tests.place_op_plugin_allowlist(repo, op_plugin_test)
+    placed = repo / "third_party/op-plugin/test/allowlist_for_publicAPI.json"
+    assert placed.read_text() == '{"torch_npu": {"all_version": ["npu_rms_norm"]}}'
+    placed.write_text("{}")
+    assert not ascend_tests.place_op_plugin_allowlist(repo, op_plugin_test) and placed.read_text() == "{}"
+    assert not ascend_tests.place_op_plugin_allowlist(tmp_path / "other", tmp_path / "nowhere")
+
+
 def test_the_command_needs_a_source(capsys):
     parser = argparse.ArgumentParser()
     ascend_tests.add_arguments(parser)

@@ -1,5 +1,6 @@
-"""npusim's torch_npu: an importable package, fused operators through npusim.ops.fused.OPS, absent names
-absent to hasattr, and the names frameworks touch (runtime/parity.py) provided or refused."""
+"""npusim's torch_npu: an importable package, fused operators through npusim.ops.fused.OPS, torch_npu.__all__ and
+the submodules' public names by test_public_bindings' rule, absent names absent to hasattr, and the names
+frameworks touch (runtime/parity.py) provided or refused."""
 
 from __future__ import annotations
 
@@ -111,6 +112,45 @@ def test_all_names_the_operators_torch_npu_exposes_that_npusim_has(torch_npu):
 
     unexposed = [name for name in dir(torch_npu) if name not in torch_npu.__all__ and looks_public(name)]
     assert unexposed == []
+
+
+# Names torch_npu's test/allowlist_for_publicAPI.json exempts from the rule, which npusim's have too.
+_PUBLIC_API_ALLOWLIST = frozenset({"torch_npu.profiler._ExperimentalConfig",
+                                   "torch_npu.profiler.experimental_config._ExperimentalConfig",
+                                   "torch_npu.utils.get_cann_version"})
+
+
+def test_submodules_public_names_follow_test_public_bindings_rule(torch_npu):
+    """Every importable torch_npu submodule passes test_public_bindings' test_correct_module_names rule: a
+    function, class or dtype is public (in __all__, or not _-named where there is no __all__) exactly when it
+    looks public (not _-named, its __module__ inside that module and in no private part). The exceptions are
+    torch_npu's own: the exposed operators of torch_npu.__all__ are torch.ops.npu's (op-plugin's allowlist), and
+    _PUBLIC_API_ALLOWLIST."""
+    import inspect
+    from collections.abc import Callable
+
+    mismatched = []
+    names = ["torch_npu"] + [m.name for m in pkgutil.walk_packages(torch_npu.__path__, "torch_npu.")]
+    for modname in names:
+        if any(part.startswith("_") for part in modname.split(".")[1:]) or ".ge_concrete_graph" in modname:
+            continue  # private modules, and torchair's GE converters (the test skips them), are not checked
+        try:
+            module = importlib.import_module(modname)
+        except Exception:  # noqa: BLE001  (test_modules_can_be_imported's business, not this rule's)
+            continue
+        public_names = getattr(module, "__all__", None)
+        for elem in dir(module):
+            obj = getattr(module, elem)
+            if not (isinstance(obj, Callable | torch.dtype) or inspect.isclass(obj)):
+                continue
+            origin = getattr(obj, "__module__", None) or ""
+            looks = not elem.startswith("_") and origin.startswith(modname) and "._" not in origin
+            public = elem in public_names if public_names is not None else not elem.startswith("_")
+            exempt = f"{modname}.{elem}" in _PUBLIC_API_ALLOWLIST or (modname == "torch_npu"
+                                                                     and origin == "torch._ops.npu")
+            if public != looks and not exempt:
+                mismatched.append(f"{modname}.{elem} (public {public}, __module__ {origin})")
+    assert mismatched == [], "\n".join(mismatched)
 
 
 def test_unknown_names_and_unsimulated_submodules_are_refused_by_name(torch_npu):

@@ -260,13 +260,20 @@ def test_analyse_writes_the_views_later(torch_npu, tmp_path: Path):
 
 
 def test_schedule_acts_as_torch_profilers(torch_npu):
-    """torch_npu.profiler.schedule gives torch.profiler.schedule's actions, positional arguments as torch_npu's."""
+    """torch_npu.profiler.schedule gives torch.profiler.schedule's steps as torch_npu's own ProfilerAction (a class
+    of torch_npu.profiler.scheduler, as test_public_bindings wants), positional arguments as torch_npu's; the
+    profile takes them and torch.profiler's alike."""
     import torch_npu.profiler as npu_profiler
+    from torch_npu.profiler.scheduler import _to_torch_action
 
     ours = npu_profiler.schedule(1, 2, warmup=1, repeat=2, skip_first=1)
     theirs = torch.profiler.schedule(wait=1, active=2, warmup=1, repeat=2, skip_first=1)
-    assert [ours(step) for step in range(12)] == [theirs(step) for step in range(12)]
+    assert [ours(step).name for step in range(12)] == [theirs(step).name for step in range(12)]
     assert ours(4) is npu_profiler.ProfilerAction.RECORD_AND_SAVE
+    assert npu_profiler.ProfilerAction is not torch.profiler.ProfilerAction
+    assert npu_profiler.ProfilerAction.__module__ == "torch_npu.profiler.scheduler"
+    assert [_to_torch_action(ours)(step) for step in range(12)] == [theirs(step) for step in range(12)]
+    assert _to_torch_action(theirs)(4) is torch.profiler.ProfilerAction.RECORD_AND_SAVE
     with pytest.raises(ValueError, match="step=-1"):
         ours(-1)
     with pytest.warns(UserWarning, match="invalid parameter active=0, reset it to 1"):

@@ -161,17 +161,35 @@ def _line(result: FileResult) -> str:
             f"{result.skipped:>3} skip {result.seconds:>6.1f}s  {result.suite}: {result.file}")
 
 
+def place_op_plugin_allowlist(torch_npu_repo: Path, op_plugin_test: Path) -> bool:
+    """Puts op-plugin's test/allowlist_for_publicAPI.json where torch_npu's test_public_bindings reads it, in
+    torch_npu's op-plugin submodule (third_party/op-plugin/test/), as in a torch_npu checkout with its
+    submodules; without it the test counts op-plugin's exposed operators as unexpected public names. Only into
+    a tree extracted here (True when placed): a checkout's own submodule is left as it is."""
+    source = op_plugin_test / "allowlist_for_publicAPI.json"
+    target = torch_npu_repo / "third_party" / "op-plugin" / "test" / source.name
+    if not source.is_file() or target.exists():
+        return False
+    target.parent.mkdir(parents=True)
+    target.write_bytes(source.read_bytes())
+    return True
+
+
 def _selected(args: argparse.Namespace, scratch: Path) -> list[tuple[str, Path, Path]]:
     """(suite, file, suite root) for every file to run."""
     chosen: list[tuple[str, Path, Path]] = []
+    op_plugin_test = None
     if args.op_plugin is not None:
         from npusim.ops.fused import OPS
 
-        root = _tree(args.op_plugin, "test", args.rev, scratch)
+        op_plugin_test = root = _tree(args.op_plugin, "test", args.rev, scratch)
         chosen += [("op-plugin", f, root) for f in fused_operator_files(root, set(OPS))]
     if args.torch_npu is not None:
         # All of test/: some test/npu files read their sibling data (allowlist_for_publicAPI.json, the schema).
-        root = _tree(args.torch_npu, "test", args.rev, scratch) / "npu"
+        test = _tree(args.torch_npu, "test", args.rev, scratch)
+        if op_plugin_test is not None and test.is_relative_to(scratch):
+            place_op_plugin_allowlist(test.parent, op_plugin_test)
+        root = test / "npu"
         chosen += [("torch_npu", f, root) for f in torch_npu_files(root)]
     patterns = args.files.split(",") if args.files else None
     return [(suite, f, root) for suite, f, root in chosen

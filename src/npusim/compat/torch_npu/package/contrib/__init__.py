@@ -6,6 +6,10 @@ from typing import Any
 
 from npusim.compat.torch_npu import NotSimulatedError
 
+# torch_npu's contrib lists its fused functions and modules here; npusim simulates none of them at this level
+# (``module`` and ``transfer_to_npu`` are submodules), so nothing here is public (test_public_bindings' rule).
+__all__: list[str] = []
+
 
 def __getattr__(name: str) -> Any:
     if name in ("transfer_to_npu", "module"):

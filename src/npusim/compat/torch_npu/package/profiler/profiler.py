@@ -12,7 +12,10 @@ from typing import Any
 
 import torch
 from torch_npu.profiler.experimental_config import _ExperimentalConfig
-from torch_npu.profiler.profiler_interface import as_activity, supported_activities, to_torch
+from torch_npu.profiler.profiler_interface import as_activity as _as_activity  # private here: not re-exported
+from torch_npu.profiler.profiler_interface import supported_activities as _supported_activities
+from torch_npu.profiler.profiler_interface import to_torch as _to_torch
+from torch_npu.profiler.scheduler import _to_torch_action
 from torch_npu.version import __version__
 
 from npusim.compat.ascend_profiler import output, records, trace_view
@@ -26,12 +29,12 @@ class profile(torch.profiler.profile):  # noqa: N801  (torch_npu's name)
     ``on_trace_ready`` (``tensorboard_trace_handler``) writes torch_npu's ``*_ascend_pt`` directory."""
 
     def __init__(self, *, activities: Iterable[Any] | None = None,
-                 schedule: Callable[[int], torch.profiler.ProfilerAction] | None = None,
+                 schedule: Callable[[int], Any] | None = None,
                  on_trace_ready: Callable[..., Any] | None = None, record_shapes: bool = False,
                  profile_memory: bool = False, with_stack: bool = False, with_flops: bool = False,
                  with_modules: bool = False, experimental_config: _ExperimentalConfig | None = None,
                  use_cuda: bool | None = None) -> None:
-        self.npu_activities = {as_activity(a) for a in activities} if activities else supported_activities()
+        self.npu_activities = {_as_activity(a) for a in activities} if activities else _supported_activities()
         if schedule is not None and not callable(schedule):
             warnings.warn("torch_npu.profiler: schedule is not Callable, set by default.", stacklevel=2)
             schedule = None
@@ -48,7 +51,8 @@ class profile(torch.profiler.profile):  # noqa: N801  (torch_npu's name)
             "activities": sorted(str(a) for a in self.npu_activities), "schedule": repr(schedule),
             "record_shapes": record_shapes, "profile_memory": profile_memory, "with_stack": with_stack,
             "with_flops": with_flops, "with_modules": with_modules}
-        super().__init__(activities=sorted((to_torch(a) for a in self.npu_activities), key=str), schedule=schedule,
+        schedule = None if schedule is None else _to_torch_action(schedule)  # torch_npu's actions or torch's
+        super().__init__(activities=sorted((_to_torch(a) for a in self.npu_activities), key=str), schedule=schedule,
                          on_trace_ready=on_trace_ready, record_shapes=record_shapes, profile_memory=profile_memory,
                          with_stack=with_stack, with_flops=with_flops, with_modules=with_modules)
 

@@ -1,17 +1,36 @@
-"""``torch_npu.profiler.schedule`` and ``ProfilerAction``: torch.profiler's, with torch_npu's signature.
+"""``torch_npu.profiler.schedule`` and ``ProfilerAction``: torch.profiler's steps, with torch_npu's signature.
 
 torch_npu's ``Schedule(wait, active, warmup=0, repeat=0, skip_first=0)`` takes positional arguments and
-resets an invalid one with a warning where torch.profiler.schedule asserts; the actions it returns are
-torch.profiler's, so ``torch.profiler.profile`` (which ``torch_npu.profiler.profile`` is) runs it as is.
+resets an invalid one with a warning where torch.profiler.schedule asserts. Its actions are torch_npu's own
+``ProfilerAction`` (an enum of torch.profiler's four names and values), which ``torch_npu.profiler.profile``
+turns into torch.profiler's by name (:func:`_to_torch_action`) for the ``torch.profiler.profile`` it is.
 """
 
+import enum
 import warnings
+from collections.abc import Callable
 
 import torch
 
 __all__ = ["ProfilerAction", "Schedule"]
 
-ProfilerAction = torch.profiler.ProfilerAction
+class ProfilerAction(enum.Enum):
+    """torch_npu's profiler actions (torch_npu.profiler.scheduler's own class, torch.profiler's names)."""
+
+    NONE = 0
+    WARMUP = 1
+    RECORD = 2
+    RECORD_AND_SAVE = 3
+
+
+def _to_torch_action(schedule: Callable[[int], object]) -> Callable[[int], torch.profiler.ProfilerAction]:
+    """``schedule`` giving torch.profiler's actions: torch_npu's by name, torch.profiler's own as they are."""
+
+    def actions(step: int) -> torch.profiler.ProfilerAction:
+        action = schedule(step)
+        return torch.profiler.ProfilerAction[action.name] if isinstance(action, ProfilerAction) else action
+
+    return actions
 
 
 def _checked(name: str, value: object, minimum: int, default: int) -> int:
@@ -38,7 +57,7 @@ class Schedule:
     def __call__(self, step: int) -> ProfilerAction:
         if step < 0:
             raise ValueError(f"torch_npu.profiler.schedule: invalid parameter step={step}, which must be >= 0")
-        return self._actions(step)
+        return ProfilerAction[self._actions(step).name]
 
     def __repr__(self) -> str:
         return (f"schedule(wait={self.wait}, active={self.active}, warmup={self.warmup}, repeat={self.repeat}, "

@@ -23,7 +23,7 @@ import torch
 __all__ = [
     "SkipIfNoLapack", "SkipIfNotGteCANNVersion", "SupportedDevices", "check_operators_in_prof",
     "create_common_tensor", "create_dtype_tensor", "freeze_rng_state", "get_cycles_per_ms", "get_npu_device",
-    "is_iterable", "iter_indices", "set_npu_device", "test_2args_broadcast",
+    "is_iterable", "iter_indices", "set_npu_device", "soc_family", "test_2args_broadcast",
 ]
 
 PERF_TEST_ENABLE = False  # torch_npu's performance baselines have no meaning on a simulator

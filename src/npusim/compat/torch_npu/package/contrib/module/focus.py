@@ -3,7 +3,7 @@
 import torch
 from torch import nn
 
-__all__ = ["Focus"]
+__all__ = ["Conv", "Focus", "autopad", "fast_slice"]  # every name public, as torch_npu's module has them
 
 
 def autopad(k: int | list[int], p: int | list[int] | None = None) -> int | list[int]:
