@@ -43,10 +43,10 @@ npu = torch.ops.npu
 # and attention_in by keyword, so the handler reshards every tensor argument itself, to the placements the
 # strategy function gives for the way the propagator chose (one function decides both).
 
-_KINDS = ("replicate", "batch", "head")
 # Arguments whose presence makes the op index positions or heads globally. See the Note.
 _GLOBAL = ("pse", "padding_mask", "prefix", "actual_seq_qlen", "actual_seq_kvlen", "sink", "dropout_mask")
-# Per-rank copies of whole values: the rest of the tensor arguments (v3's seed / offset, softmax_in).
+# Split along the layout's B or N like query; the statistics on their own dimension (B, N, S, 8); every other
+# tensor argument but the mask (v3's seed / offset, softmax_in) replicated.
 _SPLIT_LIKE_QUERY = ("query", "key", "value", "dy", "attention_in")
 _STATISTICS = ("softmax_max", "softmax_sum")
 

@@ -36,7 +36,6 @@ npu = torch.ops.npu
 # gradient's form) and the quantized arguments are not split: torch_npu raises NotImplementedError for the
 # first, and so does npusim.
 
-_WAYS = ("replicate", "n", "k", "x_partial", "weight_partial", "rows")
 _QUANT = ("scale", "offset", "antiquant_scale", "antiquant_offset", "per_token_scale", "activation_input",
           "activation_quant_scale", "activation_quant_offset")
 
