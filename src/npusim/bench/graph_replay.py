@@ -64,14 +64,14 @@ def _model(width: int, layers: int) -> nn.Module:
 
 
 def measure(width: int, batch: int, layers: int, min_run_time: float,
-            measurements: list[benchmark.Measurement] | None = None) -> list[dict[str, float | str]]:
+            measurements: list[benchmark.Measurement] | None = None) -> list[dict[str, float | str | None]]:
     """One row per step (forward, fwd+bwd, compiled fwd+bwd); appends their Measurements to ``measurements``."""
     import npusim  # noqa: F401  (registers the npu device)
 
     kept = measurements if measurements is not None else []
 
     sync = torch.npu.synchronize
-    rows: list[dict[str, float | str]] = []
+    rows: list[dict[str, float | str | None]] = []
 
     progress(1, 4, "forward captured with torch.npu.graph: eager vs replay, host / host cpu / end-to-end")
     model = _model(width, layers)
@@ -100,7 +100,7 @@ def measure(width: int, batch: int, layers: int, min_run_time: float,
     sync()
     equal = all(torch.allclose(a.grad.cpu(), b.grad.cpu(), rtol=1e-4, atol=1e-6)
                 for a, b in zip(eager_model.parameters(), graphed_model.parameters(), strict=True))
-    rows.append(_row("fwd+bwd (make_graphed_callables)", 0, equal, min_run_time, kept,
+    rows.append(_row("fwd+bwd (make_graphed_callables)", None, equal, min_run_time, kept,
                      eager=step(eager_model), replay=step(graphed_model), sync=sync))
 
     progress(3, 4, "fwd+bwd compiled: eager vs mode='reduce-overhead' (npu graph trees) vs default compile")
@@ -109,7 +109,7 @@ def measure(width: int, batch: int, layers: int, min_run_time: float,
 
 
 def _reduce_overhead_row(eager_model: nn.Module, xg: torch.Tensor, min_run_time: float,
-                         kept: list[benchmark.Measurement], sync: Callable[[], None]) -> dict[str, float | str]:
+                         kept: list[benchmark.Measurement], sync: Callable[[], None]) -> dict[str, float | str | None]:
     """The compiled fwd+bwd step: eager, reduce-overhead (the "replay" columns), default compile."""
     def loss(m: nn.Module, x: torch.Tensor) -> torch.Tensor:
         return m(x).square().mean()
@@ -130,23 +130,38 @@ def _reduce_overhead_row(eager_model: nn.Module, xg: torch.Tensor, min_run_time:
     sync()
     equal = all(torch.allclose(a.grad.cpu(), b.grad.cpu(), rtol=1e-4, atol=1e-6)
                 for a, b in zip(eager_model.parameters(), models["reduce-overhead"].parameters(), strict=True))
-    row = _row("fwd+bwd (reduce-overhead)", 0, equal, min_run_time, kept,
+    row = _row("fwd+bwd (reduce-overhead)", None, equal, min_run_time, kept,
                eager=eager_step, replay=steps["reduce-overhead"], sync=sync)
     _measure_kind(row, "compiled", "fwd+bwd (default compile)", steps["default"], min_run_time, kept, sync)
     return row
 
 
-def _row(name: str, tasks: int, equal: bool, min_run_time: float, kept: list[benchmark.Measurement], *,
+def graph_replays_per_call(fn: Callable[[], object], sync: Callable[[], None]) -> int:
+    """How many npu graph replays one call of ``fn`` runs: its "graph_replay" device activities under
+    torch.profiler (a step that replays no graph counts 0, so a row that silently ran eager shows it)."""
+    from torch.profiler import ProfilerActivity, profile
+
+    sync()
+    with profile(activities=[ProfilerActivity.CPU, ProfilerActivity.PrivateUse1]) as prof:
+        fn()
+        sync()
+    return sum(1 for e in prof.events() if e.name == "graph_replay" and e.device_type != torch.autograd.DeviceType.CPU)
+
+
+def _row(name: str, tasks: int | None, equal: bool, min_run_time: float, kept: list[benchmark.Measurement], *,
          eager: Callable[[], object], replay: Callable[[], object], sync: Callable[[], None]
-         ) -> dict[str, float | str]:
-    row: dict[str, float | str] = {"step": name, "graph_tasks": tasks, "equal": str(equal)}
+         ) -> dict[str, float | str | None]:
+    # graph_tasks: the captured graph's tasks where the bench holds the graph (None where the graphs are inside
+    # make_graphed_callables or the graph trees); graph_replays_per_step: replays one replayed step runs.
+    row: dict[str, float | str | None] = {"step": name, "graph_tasks": tasks, "equal": str(equal),
+                                          "graph_replays_per_step": graph_replays_per_call(replay, sync)}
     for kind, fn in (("eager", eager), ("replay", replay)):
         _measure_kind(row, kind, f"{name}, {kind}", fn, min_run_time, kept, sync)
     row["host_cpu_ratio"] = row["replay_host_cpu_us"] / row["eager_host_cpu_us"]  # type: ignore[operator]
     return row
 
 
-def _measure_kind(row: dict[str, float | str], kind: str, sub_label: str, fn: Callable[[], object],
+def _measure_kind(row: dict[str, float | str | None], kind: str, sub_label: str, fn: Callable[[], object],
                   min_run_time: float, kept: list[benchmark.Measurement], sync: Callable[[], None]) -> None:
     """Adds ``<kind>_host_us``, ``<kind>_host_cpu_us`` and ``<kind>_e2e_us`` of ``fn`` to ``row``."""
     def with_sync() -> None:
@@ -189,7 +204,8 @@ def run(args: argparse.Namespace) -> int:
     for r in rows:
         print(f"{r['step']:<34}{r['eager_host_us']:>8.0f}{r['replay_host_us']:>8.0f}"
               f"{r['eager_host_cpu_us']:>8.0f}{r['replay_host_cpu_us']:>8.0f}{r['host_cpu_ratio']:>10.3f}"
-              f"{r['eager_e2e_us']:>8.0f}{r['replay_e2e_us']:>8.0f}  {r['equal']}")
+              f"{r['eager_e2e_us']:>8.0f}{r['replay_e2e_us']:>8.0f}  {r['equal']}"
+              f"  ({r['graph_replays_per_step']} graph replays per replayed step)")
         if "compiled_host_us" in r:  # the same step compiled in the default mode (no graphs)
             print(f"{'  default compile (no graphs)':<34}{r['compiled_host_us']:>16.0f}"
                   f"{r['compiled_host_cpu_us']:>16.0f}"

@@ -63,11 +63,11 @@ void philox_lanes_portable(uint64_t seed, uint64_t offset, uint64_t first, Philo
 // 64-bit counters: a batch whose counters reach 2^64 (offset + first within
 // kPhiloxBatch of it, or past it) takes the portable form.
 
-__attribute__((target("avx2"))) void philox_lanes_avx2(uint64_t seed, uint64_t first, PhiloxBatch& out) {
+__attribute__((target("avx2"))) void philox_lanes_avx2(uint64_t seed, uint64_t first, int count, PhiloxBatch& out) {
   const __m256i m0 = _mm256_set1_epi64x(kPhiloxMultiplier0);
   const __m256i m1 = _mm256_set1_epi64x(kPhiloxMultiplier1);
   const __m256i lane = _mm256_setr_epi32(0, 1, 2, 3, 4, 5, 6, 7);
-  for (int g = 0; g < kPhiloxBatch; g += 8) {
+  for (int g = 0; g < count; g += 8) {
     const uint64_t base = first + static_cast<uint64_t>(g);
     // low words: base's low word + lane (a wrap carries into the high word)
     const __m256i low = _mm256_add_epi32(_mm256_set1_epi32(static_cast<int>(static_cast<uint32_t>(base))), lane);
@@ -103,12 +103,12 @@ __attribute__((target("avx2"))) void philox_lanes_avx2(uint64_t seed, uint64_t f
   }
 }
 
-__attribute__((target("avx512f"))) void philox_lanes_avx512(uint64_t seed, uint64_t first, PhiloxBatch& out) {
+__attribute__((target("avx512f"))) void philox_lanes_avx512(uint64_t seed, uint64_t first, int count, PhiloxBatch& out) {
   const __m512i m0 = _mm512_set1_epi64(kPhiloxMultiplier0);
   const __m512i m1 = _mm512_set1_epi64(kPhiloxMultiplier1);
   const __m512i lane = _mm512_setr_epi32(0, 1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11, 12, 13, 14, 15);
   constexpr __mmask16 kOdd = 0xAAAA;
-  for (int g = 0; g < kPhiloxBatch; g += 16) {
+  for (int g = 0; g < count; g += 16) {
     const uint64_t base = first + static_cast<uint64_t>(g);
     const __m512i base_low = _mm512_set1_epi32(static_cast<int>(static_cast<uint32_t>(base)));
     const __m512i low = _mm512_add_epi32(base_low, lane);
@@ -159,7 +159,7 @@ PhiloxIsa philox_isa() {
 }
 #endif
 
-void philox_blocks(uint64_t seed, uint64_t offset, uint64_t first, PhiloxBatch& out) {
+void philox_blocks(uint64_t seed, uint64_t offset, uint64_t first, int count, PhiloxBatch& out) {
 #if defined(__x86_64__) && defined(__GNUC__)
   // At or past 2^64 the counter carries into its third word: the portable form.
   const uint64_t start = offset + first;
@@ -167,10 +167,10 @@ void philox_blocks(uint64_t seed, uint64_t offset, uint64_t first, PhiloxBatch& 
   if (!carries) {
     switch (philox_isa()) {
       case PhiloxIsa::kAvx512:
-        philox_lanes_avx512(seed, start, out);
+        philox_lanes_avx512(seed, start, count, out);
         return;
       case PhiloxIsa::kAvx2:
-        philox_lanes_avx2(seed, start, out);
+        philox_lanes_avx2(seed, start, count, out);
         return;
       case PhiloxIsa::kPortable:
         break;

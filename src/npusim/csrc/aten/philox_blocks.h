@@ -34,10 +34,11 @@ struct PhiloxBatch {
   uint32_t x[4][kPhiloxBatch];
 };
 
-// Fills `out` with the blocks of key `seed` at the 128-bit counters offset +
-// first .. offset + first + kPhiloxBatch - 1 (an op's offset, and the index
-// of the batch's first element; subsequence 0, so a sum past 2^64 carries
-// into the third word, as at::Philox4_32(seed, 0, offset) stepped on).
-void philox_blocks(uint64_t seed, uint64_t offset, uint64_t first, PhiloxBatch& out);
+// Fills lanes 0 .. count - 1 of `out` (count <= kPhiloxBatch; a form may
+// fill more) with the blocks of key `seed` at the 128-bit counters offset +
+// first + j (an op's offset, and the index of the batch's first element;
+// subsequence 0, so a sum past 2^64 carries into the third word, as
+// at::Philox4_32(seed, 0, offset) stepped on).
+void philox_blocks(uint64_t seed, uint64_t offset, uint64_t first, int count, PhiloxBatch& out);
 
 }  // namespace npusim

@@ -94,28 +94,23 @@ struct RandomLaunch {
   const char* op;
 };
 
-// Writes value(block, i) to element i (row-major logical order) of `cpu`
-// (the npu tensor's memory and geometry), from block offset + i: Note [npu
-// Philox stream]. The blocks come kPhiloxBatch at a time (Note [Philox blocks
-// in batches]); each chunk of the intra-op split starts at its own element.
+// Writes value(block, i) to out[i] for i in [0, numel), from block offset + i
+// (Note [npu Philox stream]). The blocks come kPhiloxBatch at a time (Note
+// [Philox blocks in batches]); each chunk of the intra-op split starts at
+// its own element.
 template <typename scalar_t, typename F>
-void philox_write(const Tensor& cpu, const PhiloxInputs& in, const F& value) {
-  const Tensor dense = cpu.is_contiguous() ? cpu : at::empty(cpu.sizes(), cpu.options());
-  scalar_t* out = dense.data_ptr<scalar_t>();
-  at::parallel_for(0, cpu.numel(), kGrain, [&](int64_t begin, int64_t end) {
+void philox_write_dense(scalar_t* out, int64_t numel, const PhiloxInputs& in, const F& value) {
+  at::parallel_for(0, numel, kGrain, [&](int64_t begin, int64_t end) {
     PhiloxBatch batch;
     for (int64_t first = begin; first < end; first += kPhiloxBatch) {
-      philox_blocks(in.seed, in.offset, static_cast<uint64_t>(first), batch);
       const int64_t count = std::min<int64_t>(kPhiloxBatch, end - first);
+      philox_blocks(in.seed, in.offset, static_cast<uint64_t>(first), static_cast<int>(count), batch);
       for (int64_t j = 0; j < count; ++j) {
         const PhiloxBlock b{{batch.x[0][j], batch.x[1][j], batch.x[2][j], batch.x[3][j]}};
         out[first + j] = value(b, first + j);
       }
     }
   });
-  if (!dense.is_same(cpu)) {
-    host_copy(cpu, dense);
-  }
 }
 
 // Runs `fill` (which writes the op's output from the Philox inputs it is
@@ -132,18 +127,41 @@ void run_random_op(c10::DeviceIndex device, int64_t numel, const RandomLaunch& l
     return;
   }
   stream.enqueue([state = launch.state, numel, fill = std::move(fill)] {
-    apply_user_intraop_threads(numel, /*pointwise=*/true);  // element i comes from Philox offset + i
+    apply_user_intraop_threads(numel, /*pointwise=*/true);  // element i comes from block offset + i
     fill(state.unpack());
   }, 0.0, launch.op);
 }
 
-// Writes value(block, i) to element i of `self` (see philox_write) in stream
-// order. `value` is copied into the task.
+// Device memory as the host reads and writes it: the address of an npu
+// tensor's first element at launch and the storage that keeps it alive (the
+// tensor's metadata may change after the launch; the task uses what was
+// launched).
+template <typename scalar_t>
+struct DeviceSpan {
+  c10::Storage storage;
+  scalar_t* data;
+  int64_t numel;
+
+  explicit DeviceSpan(const Tensor& t)
+      : storage(t.storage()), data(static_cast<scalar_t*>(t.data_ptr())), numel(t.numel()) {}
+};
+
+// Writes value(block, i) to element i (row-major logical order) of `self` in
+// stream order: in place when it is contiguous, else through a dense
+// temporary copied into a CPU alias of it. `value` is copied into the task.
 template <typename scalar_t, typename F>
 void philox_fill(const Tensor& self, const RandomLaunch& launch, F value) {
-  const Tensor cpu = cpu_alias(self);  // the memory and geometry at launch
-  run_random_op(self.device().index(), cpu.numel(), launch, [cpu, value](const PhiloxInputs& in) {
-    philox_write<scalar_t>(cpu, in, value);
+  const c10::DeviceIndex device = self.device().index();
+  if (self.is_contiguous()) {
+    run_random_op(device, self.numel(), launch, [target = DeviceSpan<scalar_t>(self), value](const PhiloxInputs& in) {
+      philox_write_dense(target.data, target.numel, in, value);
+    });
+    return;
+  }
+  run_random_op(device, self.numel(), launch, [cpu = cpu_alias(self), value](const PhiloxInputs& in) {
+    const Tensor dense = at::empty(cpu.sizes(), cpu.options());
+    philox_write_dense(dense.data_ptr<scalar_t>(), cpu.numel(), in, value);
+    host_copy(cpu, dense);
   });
 }
 
@@ -446,10 +464,12 @@ std::tuple<Tensor, Tensor> native_dropout(const Tensor& input, double p, std::op
     using opmath_t = at::opmath_type<scalar_t>;
     const auto scale = static_cast<opmath_t>(1.0 / keep);
     run_random_op(input.device().index(), input.numel(), launch,
-        [x = cpu_alias(input), out = cpu_alias(output), m = cpu_alias(mask), keep, scale](const PhiloxInputs& in) {
-          const scalar_t* source = x.const_data_ptr<scalar_t>();
-          scalar_t* target = out.data_ptr<scalar_t>();
-          philox_write<bool>(m, in, [&](const PhiloxBlock& b, int64_t i) {
+        [x = DeviceSpan<scalar_t>(input), out = DeviceSpan<scalar_t>(output), m = DeviceSpan<bool>(mask), keep,
+         scale](const PhiloxInputs& in) {
+          // all three contiguous, of one shape: element i of each is at offset i
+          const scalar_t* source = x.data;
+          scalar_t* target = out.data;
+          philox_write_dense(m.data, m.numel, in, [&](const PhiloxBlock& b, int64_t i) {
             const bool kept = at::transformation::bernoulli(unit(b.lo()), keep);
             const auto dropped = static_cast<scalar_t>(source[i] * static_cast<scalar_t>(kept));
             target[i] = static_cast<scalar_t>(static_cast<opmath_t>(dropped) * scale);
