@@ -19,7 +19,7 @@ from torch.distributed.tensor._dtensor_spec import DTensorSpec
 from torch.distributed.tensor._op_schema import RuntimeSchemaInfo
 from torch.distributed.tensor._redistribute import redistribute_local_tensor
 
-from npusim.distributed.dtensor_strategies import PlacementList
+from npusim.distributed.placements import PlacementList
 
 __all__ = ["ATTENTION_OPS", "attention_handler", "attention_schema_info", "attention_shardings"]
 

@@ -29,6 +29,8 @@ from torch.distributed.tensor import Partial, Placement, Replicate, Shard
 from torch.distributed.tensor._dtensor_spec import DTensorSpec
 from torch.distributed.tensor.experimental import register_sharding
 
+from npusim.distributed.placements import PlacementList
+
 __all__ = ["STRATEGY_OPS", "matmul_backward_shardings", "matmul_shardings", "register"]
 
 aten = torch.ops.aten
@@ -49,9 +51,6 @@ aten = torch.ops.aten
 # (Partial when n is split), db over m (Partial when m is split), and an operand's gradient sums over a
 # batch dimension the operand broadcasts or lacks (Partial when that dimension is split). Uneven splits
 # are valid (DTensor pads them); register_sharding drops splits of a dimension smaller than the mesh.
-
-PlacementList = list[Placement | None]
-
 
 def _batch_splits(a: DTensorSpec, b: DTensorSpec) -> list[tuple[int, Placement, Placement, bool, bool]]:
     """For each batch dimension of matmul's output: (out dim, a's placement, b's placement, whether a's

@@ -14,7 +14,7 @@ import torch
 from torch.distributed.tensor import Partial, Replicate, Shard
 from torch.distributed.tensor._dtensor_spec import DTensorSpec
 
-from npusim.distributed.dtensor_strategies import PlacementList
+from npusim.distributed.placements import PlacementList
 
 __all__ = ["FUSED_STRATEGY_OPS"]
 

@@ -32,10 +32,9 @@ accesses, since every op asks the core whether its stream is being captured.
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING, NamedTuple
+from typing import NamedTuple
 
-if TYPE_CHECKING:
-    from npusim.sanitizer.state import Span
+from npusim.sanitizer.spans import Span
 
 
 class GraphAccess(NamedTuple):

@@ -24,7 +24,8 @@ from torch.utils._python_dispatch import TorchDispatchMode, is_traceable_wrapper
 
 from npusim.runtime import acl
 from npusim.sanitizer.clocks import StreamKey
-from npusim.sanitizer.state import HOST_DEVICE, Span, State
+from npusim.sanitizer.spans import Span
+from npusim.sanitizer.state import HOST_DEVICE, State
 
 aten = torch.ops.aten
 _NO_ACCESS = {aten.empty.memory_format, aten.empty_strided.default, aten.empty_like.default,

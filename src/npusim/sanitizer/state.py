@@ -17,17 +17,11 @@ from typing import NamedTuple
 from npusim.sanitizer.clocks import Clock, Clocks, StreamKey
 from npusim.sanitizer.graph_record import GraphRecord
 from npusim.sanitizer.report import Access, RaceKind, RaceReport
+from npusim.sanitizer.spans import Span, StorageId
 
 HOST_DEVICE = -1
-StorageId = tuple[int, int]  # (device or HOST_DEVICE, data pointer)
 # More accesses than this per storage: the oldest ones are forgotten (a bound, not a rule).
 _MAX_ACCESSES = 64
-
-
-class Span(NamedTuple):
-    storage: StorageId
-    lo: int
-    hi: int
 
 
 class StorageState:
