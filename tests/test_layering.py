@@ -19,7 +19,7 @@ CSRC = PACKAGE / "csrc"
 PY_LAYERS: list[set[str]] = [
     {"config", "_sources", "_after_import"}, {"_build"}, {"runtime"}, {"_device"},
     {"ops", "compile", "sanitizer", "distributed"}, {"compat", "testing", "conformance"},
-    {"bench"}, {"tools"}, {"__init__", "__main__"},
+    {"bench", "plan"}, {"tools"}, {"__init__", "__main__"},
 ]
 # C++ floors of csrc/, lowest first; a file includes only its own floor and those below.
 CXX_FLOORS: list[set[str]] = [{"runtime"}, {"aten", "distributed"}, {"graph"}, {"python"}, {"unity"}]
