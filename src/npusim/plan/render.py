@@ -77,7 +77,7 @@ def print_table(report: dict[str, Any], options: Any, rank: int) -> None:
     reports = [report]
     world = report["world_size"]
     if world > 1:
-        reports = read_rank_reports(options.out, world, options.wait_s) or [report]
+        reports = read_rank_reports(options.out, world, options.wait_s, report["run_id"]) or [report]
         combined = Path(options.out) / "report.json"
         combined.write_text(json.dumps({"world_size": world, "ranks": reports}, indent=1, default=str))
         if len(reports) < world:

@@ -83,6 +83,16 @@ def _rank_world() -> tuple[int, int]:
     return int(os.environ.get("RANK", "0")), int(os.environ.get("WORLD_SIZE", "1"))
 
 
+def run_id() -> str:
+    """What the ranks of one job share and no other job does: torchrun's run id, else its rendezvous
+    address, else this process."""
+    if os.environ.get("TORCHELASTIC_RUN_ID"):
+        return os.environ["TORCHELASTIC_RUN_ID"]
+    if os.environ.get("MASTER_PORT"):
+        return f"{os.environ.get('MASTER_ADDR', '')}:{os.environ['MASTER_PORT']}"
+    return f"{socket.gethostname()}:{os.getpid()}"
+
+
 def _say(rank: int, text: str) -> None:
     if rank == 0:
         print(f"npusim report: {text}", file=sys.stderr, flush=True)
@@ -113,6 +123,7 @@ def run_with_report(job: Callable[[], int], options: ReportOptions) -> int:
     from npusim.runtime.profiles import get_profile
 
     rank, world = _rank_world()
+    (_out_dir(options, rank, world) / "report.json").unlink(missing_ok=True)  # a report of an earlier run
     model = start_chip_clock(options.timing)
     torch.npu.memory._record_memory_history("all")
     segments_at_end: dict[int, list[dict[str, Any]]] = {}
@@ -203,6 +214,7 @@ def _finish(prof: Any, tracker: StepTracker, options: ReportOptions, rank: int, 
         "mode": options.mode,
         "rank": rank,
         "world_size": world,
+        "run_id": run_id(),
         "hostname": socket.gethostname(),
         "device": device,
         "command": list(options.command),
@@ -279,8 +291,9 @@ def _anchor() -> tuple[int, float]:
     return acl.profiler_axis_anchor()
 
 
-def read_rank_reports(out: str, world: int, wait_s: float) -> list[dict[str, Any]]:
-    """Every rank's report.json under ``out`` that appears within ``wait_s`` seconds, in rank order."""
+def read_rank_reports(out: str, world: int, wait_s: float, job: str) -> list[dict[str, Any]]:
+    """Every rank's report.json of run ``job`` under ``out`` that appears within ``wait_s`` seconds, in
+    rank order."""
     deadline = time_module.monotonic() + wait_s
     found: dict[int, dict[str, Any]] = {}
     while True:
@@ -288,9 +301,11 @@ def read_rank_reports(out: str, world: int, wait_s: float) -> list[dict[str, Any
             path = Path(out) / f"rank{rank}" / "report.json"
             if rank not in found and path.exists():
                 try:
-                    found[rank] = json.loads(path.read_text())
+                    report = json.loads(path.read_text())
                 except (OSError, ValueError):
-                    pass
+                    continue
+                if report.get("run_id") == job:
+                    found[rank] = report
         if len(found) == world or time_module.monotonic() >= deadline:
             return [found[r] for r in sorted(found)]
         time_module.sleep(0.2)

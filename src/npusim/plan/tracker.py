@@ -47,6 +47,15 @@ class Mark(NamedTuple):
     kind: str  # what moved: "start", "step", "phase", "module", "step_end"
 
 
+def class_name(module: torch.nn.Module) -> str:
+    """The module's class name; a module fully_shard made an FSDP<Name> gets its own class's name back."""
+    cls = type(module)
+    name = cls.__name__
+    if name.startswith("FSDP") and any(base.__name__ == name[4:] for base in cls.__bases__):
+        return name[4:]
+    return name
+
+
 class _Counter(TorchDispatchMode):
     """Counts FLOPs per dtype of every op (flop_counter's formulas) and tells the tracker of each op."""
 
@@ -56,15 +65,15 @@ class _Counter(TorchDispatchMode):
 
     def __torch_dispatch__(self, func: Any, types: Any, args: Any = (), kwargs: Any = None) -> Any:
         kwargs = kwargs or {}
-        # A tensor subclass (DTensor) runs its own local ops, which come back here with plain tensors: they
-        # are what the device runs, so the subclass's call is not counted.
-        if any(t is not torch.Tensor and t is not torch.nn.Parameter for t in types):
-            return NotImplemented
         if func.namespace != "profiler":
             self.tracker._on_op()
         out = func(*args, **kwargs)
         formula = flop_counter.flop_registry.get(func._overloadpacket)
-        if formula is not None and self.tracker.count_flops:
+        # An op on a tensor subclass (a DTensor) is not counted: its shapes are global, not what this rank
+        # runs, and its local ops run below this mode (FSDP2 computes on plain tensors; tensor parallelism's
+        # DTensor matmuls are left out of the FLOPs).
+        subclass = any(t is not torch.Tensor and t is not torch.nn.Parameter for t in types)
+        if formula is not None and self.tracker.count_flops and not subclass:
             try:
                 flops = int(formula(*args, **kwargs, out_val=out))
             except Exception:  # noqa: BLE001  (a formula that cannot read these arguments counts nothing)
@@ -137,12 +146,12 @@ class StepTracker:
         if name is None:
             parent = self._stack[-1] if self._stack else None
             if parent is None:  # a root: every module under it gets its qualified name
-                root = type(module).__name__
+                root = class_name(module)
                 for path, sub in module.named_modules():
                     self._names.setdefault(sub, f"{root}.{path}" if path else root)
                 name = self._names[module]
             else:
-                name = f"{parent}.{type(module).__name__}"
+                name = f"{parent}.{class_name(module)}"
                 self._names[module] = name
         return name
 

@@ -13,7 +13,7 @@ COMMANDS: dict[str, tuple[str, str]] = {
     "bench": ("npusim.tools.bench", "run a benchmark (prints a table, writes a plot)"),
     "audit": ("npusim.tools.audit", "list FSDP2 functions and kernels replaced in this process"),
     "run": ("npusim.tools.run", "run a torch_npu script unmodified (import torch_npu gives npusim)"),
-    "report": ("npusim.tools.report", "run a script with the chip clock on and report a step's memory and time per rank"),
+    "report": ("npusim.tools.report", "one step's memory and chip time per rank, for a script run as by run"),
     "fuzz": ("npusim.tools.fuzz", "copy_ / _foreach_copy_ on the npu against CPU, generated cases"),
     "timeline": ("npusim.tools.timeline", "one FSDP2 step per kernel mode as a stream timeline picture"),
     "conformance": ("npusim.tools.conformance", "run PyTorch's OpInfo ops on npu and on CPU and compare"),
