@@ -139,3 +139,33 @@ def test_step_time_splits_the_span():
     t = step_time(tasks)
     assert t["step_us"] == 25.0 and t["computing_us"] == 10.0 and t["communication_not_overlapped_us"] == 5.0
     assert t["free_us"] == 10.0
+
+
+OOM_SCRIPT = """
+import torch, torch_npu
+torch.npu.set_per_process_memory_fraction(64 * 2**20 / torch.npu.get_device_properties(0).total_memory)
+model = torch.nn.Sequential(torch.nn.Linear(1024, 4096), torch.nn.ReLU(), torch.nn.Linear(4096, 1024)).npu()
+optimizer = torch.optim.AdamW(model.parameters())
+x = torch.randn(2048, 1024, device="npu")
+for _ in range(2):
+    optimizer.zero_grad()
+    model(x).sum().backward()
+    optimizer.step()
+"""
+
+
+def test_a_job_that_does_not_fit(tmp_path: Path):
+    """A script that runs out of its 64 MiB stops with the allocator's OutOfMemoryError, and the report of the
+    step it stopped in names where (module and phase), the figures and the largest live allocations."""
+    script = tmp_path / "oom.py"
+    script.write_text(OOM_SCRIPT)
+    out = tmp_path / "out"
+    result = run_bounded([sys.executable, "-m", "npusim", "report", "--out", str(out), "--", str(script)], 300)
+    assert result.returncode != 0 and "OutOfMemoryError" in result.stderr
+    report = json.loads((out / "report.json").read_text())
+    assert report["error"].startswith("OutOfMemoryError") and not report["step_complete"]
+    assert report["stopped_at"] == {"step": 1, "phase": "forward", "module": "Sequential.0"}
+    sizes = [a["bytes"] for a in report["memory"]["largest_allocations"]]
+    assert sizes[:2] == [16 * 2**20, 16 * 2**20]  # the input and the first weight
+    assert report["memory"]["peak_allocated"] >= sum(sizes)
+    assert "stopped in step 1 forward / Sequential.0: OutOfMemoryError" in result.stdout

@@ -212,13 +212,17 @@ def analyse(trace: list[dict[str, Any]], marks: Sequence[Mark], choice: StepChoi
             continue
         chip = to_chip_us(ev.ts)
         series.append((chip, allocated, reserved))
-        if phase_spans:
-            phase_spans[-1][2] = max(phase_spans[-1][2], chip)
         if peak_alloc is None or allocated > peak_alloc[0]:
             peak_alloc = (allocated, index, mark, ev.ts, ev.tid)
         if peak_res is None or reserved > peak_res[0]:
             peak_res = (reserved, index, mark, ev.ts, ev.tid)
         _seed(by_phase, by_module, mark, allocated, reserved, chip)
+    # Each phase lasts from its first mark to the next phase's; the last to the window's last event.
+    for span, after in zip(phase_spans, phase_spans[1:], strict=False):
+        span[2] = after[1]
+    if phase_spans and series:
+        phase_spans[-1][2] = max(phase_spans[-1][2], series[-1][0])
+    phase_spans = [span for span in phase_spans if span[2] > span[1] or len(phase_spans) == 1]
     if not started:  # nothing at all inside the window: the state it started with
         peak_alloc = (allocated, -1, mark, 0.0, 0)
         peak_res = (reserved, -1, mark, 0.0, 0)

@@ -56,7 +56,8 @@ def format_table(reports: list[dict[str, Any]]) -> str:
     out = [head, line(columns), line(tuple("-" * w for w in widths)), *(line(row) for row in rows)]
     for r in reports:
         if r.get("error"):
-            out.append(f"rank {r['rank']} stopped: {r['error']}")
+            at = r.get("stopped_at") or {}
+            out.append(f"rank {r['rank']} stopped in step {at.get('step', '?')} {_at(at)}: {r['error']}")
     mem = first["memory"]
     phases = ", ".join(f"{phase} {_mib(v['peak_allocated'])} ({v['module']})" for phase, v in mem["by_phase"].items())
     out.append(f"rank {first['rank']} peak allocated by phase: {phases or '-'}")

@@ -220,6 +220,8 @@ def _finish(prof: Any, tracker: StepTracker, options: ReportOptions, rank: int, 
         "command": list(options.command),
         "exit_status": code if failure is None else None,
         "error": _error_line(failure),
+        "stopped_at": ({"step": tracker.step, "phase": tracker.phase, "module": tracker._current_module()}
+                       if failure is not None else None),
         "profile": {"name": profile.name, "soc_name": profile.soc_name, "cube_tflops": profile.cube_tflops,
                     "cube_fp32_tflops": profile.cube_fp32_tflops, "total_memory": profile.total_memory},
         "timing": model._asdict(),
