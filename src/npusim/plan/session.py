@@ -283,6 +283,17 @@ def _write_step_trace(path: Path, trace: dict[str, Any], figures: dict[str, Any]
 
     kept = [e for e in mapped.get("traceEvents", []) if e.get("ph") == "M" or "ts" not in e
             or lo <= chip(float(e["ts"])) <= hi]
+
+    def axis(chip_us: float) -> float:  # the trace's own time of a chip time
+        return (round((chip_us - anchor_us) * 1e3) + anchor_ns - base_ns) / 1e3
+
+    # The step and its phases, on a row of their own above the host's.
+    row = {"pid": "npusim report", "tid": "phases"}
+    kept.append({"ph": "M", "name": "process_name", **row, "args": {"name": "npusim report: phases"}})
+    kept.append({"ph": "X", "cat": "npusim_step", "name": f"step {choice.step}", **row, "ts": axis(lo),
+                 "dur": (hi - lo)})
+    kept += [{"ph": "X", "cat": "npusim_phase", "name": phase, **row, "ts": axis(start), "dur": max(end - start, 0.0)}
+             for phase, start, end in spans]
     mapped["traceEvents"] = kept
     path.write_text(json.dumps(mapped))
 
