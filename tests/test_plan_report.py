@@ -169,3 +169,45 @@ def test_a_job_that_does_not_fit(tmp_path: Path):
     assert sizes[:2] == [16 * 2**20, 16 * 2**20]  # the input and the first weight
     assert report["memory"]["peak_allocated"] >= sum(sizes)
     assert "stopped in step 1 forward / Sequential.0: OutOfMemoryError" in result.stdout
+
+
+def test_tracker_follows_steps_phases_and_recompute():
+    """In process: two steps of a checkpointed model with two optimizers; each step's marks run forward,
+    backward, optimizer; the two optimizers end one step; recomputed modules count in backward; the
+    model's FLOPs counted per step (checkpoint's recomputation, which no dispatch mode sees, left out, as
+    FlopCounterMode leaves it out) and the tracker leaves no hook behind."""
+    import torch
+    from torch.nn.modules import module as nn_module
+    from torch.utils.checkpoint import checkpoint
+
+    from npusim.plan.tracker import StepTracker
+
+    torch.manual_seed(0)
+    first, second = torch.nn.Linear(32, 64).npu(), torch.nn.Linear(64, 32).npu()
+    optimizers = [torch.optim.AdamW(first.parameters()), torch.optim.SGD(second.parameters(), lr=0.1)]
+    x = torch.randn(8, 32, device="npu")
+    ended: list[int] = []
+    tracker = StepTracker(on_step=lambda step, _: ended.append(step))
+    hooks_before = len(nn_module._global_forward_pre_hooks)
+    tracker.install()
+    try:
+        for _ in range(2):
+            for optimizer in optimizers:
+                optimizer.zero_grad()
+            second(checkpoint(first, x, use_reentrant=False)).sum().backward()
+            for optimizer in optimizers:
+                optimizer.step()
+    finally:
+        tracker.uninstall()
+    assert len(nn_module._global_forward_pre_hooks) == hooks_before
+    assert ended == [1, 2] and sorted(tracker.step_ends) == [1, 2]
+    for step in (1, 2):
+        phases = []
+        for mark in tracker.marks:
+            if mark.step == step and (not phases or phases[-1] != mark.phase):
+                phases.append(mark.phase)
+        assert phases == PHASES
+        recomputed = [m for m in tracker.marks if m.step == step and m.phase == "backward" and m.module == "Linear"]
+        assert recomputed  # the checkpointed Linear runs again inside the backward
+    # forward 2 matmuls, backward: second 2 (input and weight), first 1 (weight): 5 of 2*8*32*64
+    assert tracker.flops[1] == tracker.flops[2] == {"float32": 5 * 2 * 8 * 32 * 64}

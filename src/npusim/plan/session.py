@@ -31,10 +31,10 @@ model with copies at half the chip's HBM bandwidth), and reports one step of eac
   the last one's end, split as the Overlap Analysis splits it (Note [Overlap Analysis figures]):
   computing + communication not overlapped + free = step time (time in copies alone is free).
   ``host_step_us`` is the host's chip clock over the window.
-- MFU: the FLOPs of every op the step runs on the host's dispatch (torch.utils.flop_counter's formulas,
-  those the cost model prices; recomputation included, so under activation checkpointing this is what
-  Megatron calls HFU), each over the profile's peak cube rate for its dtype: sum(FLOPs / peak) / step
-  time, the share of the step the cube units would need at their peak.
+- MFU: the FLOPs of every op the step dispatches (torch.utils.flop_counter's formulas, those the cost
+  model prices), each over the profile's peak cube rate for its dtype: sum(FLOPs / peak) / step time,
+  the share of the step the cube units would need at their peak. The model's FLOPs: torch.utils.checkpoint
+  recomputes below every dispatch mode (FlopCounterMode misses it too), and ops on DTensors are left out.
 - Ranks: every rank writes its own files (``OUT/rank<r>/`` when the world has more than one rank);
   rank 0 waits up to ``--wait`` seconds for the others' report.json, prints the table of all it found
   and writes ``OUT/report.json`` with every rank's figures.
@@ -93,9 +93,9 @@ def run_id() -> str:
     return f"{socket.gethostname()}:{os.getpid()}"
 
 
-def _say(rank: int, text: str) -> None:
+def _say(rank: int, text: str, mode: str = "report") -> None:
     if rank == 0:
-        print(f"npusim report: {text}", file=sys.stderr, flush=True)
+        print(f"npusim {mode}: {text}", file=sys.stderr, flush=True)
 
 
 def start_chip_clock(spec: str | None) -> Any:
@@ -134,11 +134,11 @@ def run_with_report(job: Callable[[], int], options: ReportOptions) -> int:
             for older in [s for s in segments_at_end if s != step and s != options.step]:
                 del segments_at_end[older]
         _say(rank, f"step {step} done (host at {host_us / 1e3:.3f} ms chip time, "
-                   f"{torch.npu.memory_allocated() / 2**20:.1f} MiB allocated)")
+                   f"{torch.npu.memory_allocated() / 2**20:.1f} MiB allocated)", options.mode)
 
     tracker = StepTracker(on_step=on_step, count_flops=options.flops)
     prof = profile(activities=[ProfilerActivity.CPU, ProfilerActivity.PrivateUse1], profile_memory=True)
-    _say(rank, f"running {' '.join(options.command)} with the chip clock on ({model}); world {world}")
+    _say(rank, f"running {' '.join(options.command)} with the chip clock on ({model}); world {world}", options.mode)
     prof.start()
     tracker.install()
     failure: BaseException | None = None
@@ -220,6 +220,7 @@ def _finish(prof: Any, tracker: StepTracker, options: ReportOptions, rank: int, 
         "command": list(options.command),
         "exit_status": code if failure is None else None,
         "error": _error_line(failure),
+        "tracker_error": tracker.broken,
         "stopped_at": ({"step": tracker.step, "phase": tracker.phase, "module": tracker._current_module()}
                        if failure is not None else None),
         "profile": {"name": profile.name, "soc_name": profile.soc_name, "cube_tflops": profile.cube_tflops,

@@ -16,6 +16,8 @@ launch nothing, so the chip clock runs as it runs without them.
 
 from __future__ import annotations
 
+import functools
+import sys
 import threading
 import weakref
 from collections.abc import Callable
@@ -45,6 +47,20 @@ class Mark(NamedTuple):
     module: str  # qualified name of the innermost module running, or OUTSIDE
     host_us: float  # the host's chip clock (npusim.timing.host_clock_us)
     kind: str  # what moved: "start", "step", "phase", "module", "step_end"
+
+
+def _guarded(hook: Callable[..., None]) -> Callable[..., None]:
+    """A hook of the tracker never breaks the job: its first error turns the tracker off, saying so."""
+    @functools.wraps(hook)
+    def run(self: StepTracker, *args: Any) -> None:
+        if self.broken is not None:
+            return
+        try:
+            hook(self, *args)
+        except Exception as error:  # noqa: BLE001
+            self.broken = f"{hook.__name__}: {type(error).__name__}: {error}"
+            print(f"npusim report: the step tracker stopped ({self.broken}); the job goes on", file=sys.stderr)
+    return run
 
 
 def class_name(module: torch.nn.Module) -> str:
@@ -93,6 +109,7 @@ class StepTracker:
         self.on_step = on_step
         self.on_mark = on_mark
         self.count_flops = count_flops
+        self.broken: str | None = None  # why the tracker stopped following the job (an error of its own)
         self.marks: list[Mark] = []
         self.step_ends: dict[int, int] = {}  # step -> seq of its end mark (the last optimizer.step's return)
         self.flops: dict[int, dict[str, int]] = {}  # step -> dtype -> FLOPs
@@ -185,6 +202,7 @@ class StepTracker:
             self._stack.clear()
             self._mark("step")
 
+    @_guarded
     def _on_op(self) -> None:
         if getattr(self._busy, "on", False):
             return
@@ -195,6 +213,7 @@ class StepTracker:
             self.phase = "backward"
             self._mark("phase")
 
+    @_guarded
     def _forward_pre(self, module: torch.nn.Module, args: Any) -> None:
         if torch._C._current_graph_task_id() == -1:
             self._new_step_if_due()
@@ -203,6 +222,7 @@ class StepTracker:
         self._stack.append(name)
         self._mark("module")
 
+    @_guarded
     def _forward_post(self, module: torch.nn.Module, args: Any, output: Any) -> None:
         name = self._names.get(module)
         if self._stack and self._stack[-1] == name:
@@ -222,6 +242,7 @@ class StepTracker:
             torch.autograd.graph.register_multi_grad_hook(
                 inputs, lambda grads, n=name, p=parent: self._backward_leave(n, p), mode="any")
 
+    @_guarded
     def _backward_enter(self, name: str) -> None:
         """A module's backward begins: the gradient of one of its outputs is there."""
         if self.phase == "forward":
@@ -231,6 +252,7 @@ class StepTracker:
             self._backward_module = name
             self._mark("module")
 
+    @_guarded
     def _backward_leave(self, name: str, parent: str) -> None:
         """A module's backward ends (its inputs' gradient is there): back to its parent, unless the next
         module's backward has begun already (its output is this module's input: the hooks fire together)."""
@@ -238,6 +260,7 @@ class StepTracker:
             self._backward_module = parent
             self._mark("module")
 
+    @_guarded
     def _optimizer_pre(self, optimizer: Any, args: Any, kwargs: Any) -> None:
         self._after_optimizer = False
         if self.phase != "optimizer":
@@ -245,6 +268,7 @@ class StepTracker:
             self._stack.clear()
             self._mark("phase")
 
+    @_guarded
     def _optimizer_post(self, optimizer: Any, args: Any, kwargs: Any) -> None:
         self._after_optimizer = True
         first = self.step not in self.step_ends
