@@ -211,3 +211,13 @@ def test_tracker_follows_steps_phases_and_recompute():
         assert recomputed  # the checkpointed Linear runs again inside the backward
     # forward 2 matmuls, backward: second 2 (input and weight), first 1 (weight): 5 of 2*8*32*64
     assert tracker.flops[1] == tracker.flops[2] == {"float32": 5 * 2 * 8 * 32 * 64}
+
+
+def test_no_flops_and_another_profile(tmp_path: Path):
+    """--no-flops runs the job without the dispatch mode (no MFU; the backward begins at the first module
+    gradient) with the same peaks; --profile picks the chip the report prices and names."""
+    report, script, _ = _report(tmp_path, "--no-flops", "--profile", "inference_soc")
+    assert report["mfu"] is None and report["flops"] is None
+    assert report["profile"]["soc_name"] == "Ascend310P3"
+    assert report["memory"]["peak_allocated"] == script[0, 3]["max_allocated"]
+    assert _phase_order(report) == PHASES and report["time"]["step_us"] > 0

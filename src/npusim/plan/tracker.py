@@ -137,8 +137,9 @@ class StepTracker:
             optimizer.register_optimizer_step_pre_hook(self._optimizer_pre),
             optimizer.register_optimizer_step_post_hook(self._optimizer_post),
         ]
-        self._mode = _Counter(self)
-        self._mode.__enter__()
+        if self.count_flops:  # without it the backward begins at the first module's gradient hook
+            self._mode = _Counter(self)
+            self._mode.__enter__()
         self._mark("start")
 
     def uninstall(self) -> None:

@@ -42,7 +42,9 @@ def options_from(args: argparse.Namespace, mode: str = "report") -> object:
 
 def run(args: argparse.Namespace) -> int:
     from npusim.plan.session import run_with_report
+    from npusim.tools import profile_options
 
     if args.args[:1] == ["--"]:
         args.args = args.args[1:]
+    profile_options.select_for_job(args)  # before the chip clock reads the profile's HBM bandwidth
     return run_with_report(lambda: run_tool.run(args), options_from(args))
