@@ -15,7 +15,7 @@ TORCH_SPEC := torch==2.13.0
 
 install: $(STAMP)
 
-CXX_SOURCES := $(wildcard src/npusim/csrc/*/*.cpp src/npusim/csrc/*/*.h)
+CXX_SOURCES := $(shell find src/npusim/csrc -name "*.cpp" -o -name "*.h")
 
 # Rebuilt when the C++ changes, so that tests and the demo never compile on import.
 $(STAMP): pyproject.toml setup.py $(CXX_SOURCES)

@@ -161,7 +161,7 @@ set_collective_cost: Callable[[Callable[[str, int, list[int]], float] | None], N
 profiler_axis_anchor: Callable[[], tuple[int, float]] = C.profiler_axis_anchor
 host_clock_samples: Callable[[], list[tuple[int, float]]] = C.host_clock_samples
 
-# The compute-cost hook (csrc/aten/op_launch.h): fn(name, overload, meta_inputs, meta_outputs) -> the
+# The compute-cost hook (csrc/aten/launch/op_launch.h): fn(name, overload, meta_inputs, meta_outputs) -> the
 # task's duration in microseconds, called at the launch of every compute task on the launching thread
 # with the op's arguments and results as Meta tensors (devices as "meta"); None removes it. While one is
 # installed no compute op is done on the host (Note [Work on an idle stream]).
@@ -225,7 +225,7 @@ foreach_copy_route_counts: Callable[[], dict[str, int]] = C.foreach_copy_route_c
 # div; Note [TensorIterator kernels on npu tensors], csrc/aten/iterator_kernels.cpp).
 iterator_kernel_runs: Callable[[], int] = C.iterator_kernel_runs
 # Tasks that ran a unary foreach op per tensor into the outputs the host allocated (Note [A foreach op's
-# results in place], csrc/aten/op_task.cpp).
+# results in place], csrc/aten/launch/op_task.cpp).
 foreach_results_in_place_runs: Callable[[], int] = C.foreach_results_in_place_runs
 
 

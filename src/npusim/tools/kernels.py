@@ -2,7 +2,7 @@
 
 Read from what the process registers, not from a list: the dispatcher's PrivateUse1 table names the
 file of every kernel npusim registers, and the rules of the launch path (Note [Compute on the stream]
-in csrc/aten/op_launch.cpp; ``op_traits.cpp``'s ``host_only``) say how an op given to the fallback
+in csrc/aten/launch/op_launch.cpp; ``op_traits.cpp``'s ``host_only``) say how an op given to the fallback
 runs. Without OP it lists every aten op with its own npu kernel; with OP (``add``, ``add.Tensor`` or
 ``aten::add.Tensor``) it also covers the ops that reach the boxed fallback or decompose. What it cannot
 see without running the op: a Meta kernel that fails for one signature (its calls then run on the

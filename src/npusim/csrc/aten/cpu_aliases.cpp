@@ -39,12 +39,7 @@ TensorSnapshot TensorSnapshot::of(const at::Tensor& t, int32_t group) {
   s.data = storage->mutable_data();
   s.nbytes = storage->nbytes();
   s.group = group;
-  s.dtype = t.scalar_type();
-  s.sizes.assign(t.sizes().begin(), t.sizes().end());
-  s.strides.assign(t.strides().begin(), t.strides().end());
-  s.offset = t.storage_offset();
-  s.conj = t.is_conj();
-  s.neg = t.is_neg();
+  s.geometry = TensorGeometry::of(t);
   return s;
 }
 

@@ -5,6 +5,8 @@
 // CPU aliases].
 #pragma once
 
+#include "tensor_geometry.h"
+
 #include <ATen/core/Tensor.h>
 #include <c10/core/Storage.h>
 #include <c10/util/ArrayRef.h>
@@ -15,8 +17,9 @@
 
 namespace npusim {
 
-// What a CPU alias is made of: the storage's bytes and the tensor's geometry
-// (views, not copies: valid while its source is).
+// What a CPU alias is made of: the storage's bytes and the tensor's geometry,
+// viewed (not copied) from a live tensor or from a TensorGeometry: valid
+// while its source is.
 struct AliasSource {
   void* data;
   size_t nbytes;
@@ -39,16 +42,12 @@ struct TensorSnapshot {
   void* data = nullptr;
   size_t nbytes = 0;
   int32_t group = -1;  // snapshots over one storage share a group (one CPU storage)
-  c10::ScalarType dtype = c10::ScalarType::Undefined;
-  c10::SmallVector<int64_t, 5> sizes;
-  c10::SmallVector<int64_t, 5> strides;
-  int64_t offset = 0;
-  bool conj = false;
-  bool neg = false;
+  TensorGeometry geometry;
 
   static TensorSnapshot of(const at::Tensor& t, int32_t group);
   AliasSource source() const {
-    return AliasSource{data, nbytes, dtype, sizes, strides, offset, conj, neg, false};
+    return AliasSource{data, nbytes, geometry.dtype, geometry.sizes, geometry.strides, geometry.offset,
+        geometry.conj, geometry.neg, false};
   }
 };
 

@@ -7,7 +7,7 @@
 #include "fallback_call.h"
 #include "generator.h"
 #include "host_transfer.h"
-#include "op_launch.h"
+#include "launch/op_launch.h"
 #include "../runtime/device_allocator.h"
 #include "../runtime/stream.h"
 

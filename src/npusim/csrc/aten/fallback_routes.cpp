@@ -7,8 +7,9 @@
 #include "fallback_call.h"
 #include "foreach_launch.h"
 #include "iterator_kernels.h"
-#include "op_launch.h"
-#include "unboxed_launch.h"
+#include "launch/launch_scan.h"
+#include "launch/op_launch.h"
+#include "launch/unboxed_launch.h"
 
 #include <ATen/core/boxing/impl/boxing.h>
 #include <ATen/core/dispatch/Dispatcher.h>
@@ -213,28 +214,6 @@ struct CpuArg<const std::optional<at::Tensor>&> {
   }
 };
 
-// The op's npu and the elements of its npu tensor arguments: what
-// compute_on_the_host_now decides on.
-struct LaunchSize {
-  c10::DeviceIndex device = -1;
-  int64_t numel = 0;
-  void add(const at::Tensor& t) {
-    if (t.defined() && t.device().type() == kNpu) {
-      if (device < 0) {
-        device = t.device().index();
-      }
-      numel += t.numel();
-    }
-  }
-  void add(const std::optional<at::Tensor>& t) {
-    if (t.has_value()) {
-      add(*t);
-    }
-  }
-  template <class T>
-  void add(const T&) {}
-};
-
 template <class Op, class OutOp, class MetaFn, class Sig = typename Op::schema>
 struct UnboxedFallback;
 
@@ -245,12 +224,12 @@ struct UnboxedFallback<Op, OutOp, MetaFn, R(Args...)> {
 
   static R call(c10::DispatchKeySet keys, Args... args) {
     const c10::OperatorHandle& op = handle();
-    LaunchSize work;
-    (work.add(args), ...);
+    LaunchScan scan;
+    (scan.add(args), ...);
     if (C10_UNLIKELY(any_stream_capturing() || compute_cost_hook() != nullptr)) {
       return boxed(keys, args...);  // recorded by a capture, or given to the cost hook
     }
-    if (compute_on_the_host_now(current_stream(work.device < 0 ? current_device() : work.device), work.numel)) {
+    if (compute_on_the_host_now(scan)) {
       if constexpr (IteratorKernel<Op>::value) {
         // Note [TensorIterator kernels on npu tensors]
         at::Tensor result;

@@ -12,7 +12,7 @@
 #include "../runtime/stream.h"
 #include "host_transfer.h"
 #include "intraop_threads.h"
-#include "op_launch.h"
+#include "launch/op_launch.h"
 #include "philox_blocks.h"
 
 #include <ATen/ATen.h>

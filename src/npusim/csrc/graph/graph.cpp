@@ -30,7 +30,7 @@ namespace npusim {
 // when they run: Note [Graph-safe Philox state]); event records and waits
 // are nodes that order the lanes of the streams that join the capture (Note
 // [Multi-stream capture]). A compute op is launched as it is eagerly (Note
-// [Compute on the stream], aten/op_launch.cpp): its arguments walked under
+// [Compute on the stream], aten/launch/op_launch.cpp): its arguments walked under
 // the fallback's device rules, its outputs sized by its Meta kernel and
 // allocated from the graph's pool (in-place and out= outputs are the
 // arguments themselves; views of arguments are views of the same device

@@ -11,9 +11,9 @@
 #include "../aten/intraop_threads.h"
 #include "../aten/ipc.h"
 #include "../aten/iterator_kernels.h"
-#include "../aten/meta_cache.h"
-#include "../aten/op_launch.h"
-#include "../aten/op_task.h"
+#include "../aten/launch/meta_cache.h"
+#include "../aten/launch/op_launch.h"
+#include "../aten/launch/op_task.h"
 #include "../aten/primitives.h"
 
 #include <torch/csrc/DynamicTypes.h>

@@ -1,8 +1,8 @@
 // A launched op's task, run by the stream worker: see op_task.h.
 #include "op_task.h"
 
-#include "host_transfer.h"
-#include "intraop_threads.h"
+#include "../host_transfer.h"
+#include "../intraop_threads.h"
 
 #include <ATen/core/List.h>
 #include <c10/util/Exception.h>
@@ -32,13 +32,9 @@ at::Tensor TaskAliases::get(int32_t ref) {
 void TaskAliases::place(const at::Tensor& result, int32_t snapshot, const char* op) {
   TORCH_CHECK(result.defined(), op, ": the CPU kernel returned no tensor where the Meta kernel returned one");
   const TensorSnapshot& planned = tensors_.tensors[static_cast<size_t>(snapshot)];
-  TORCH_CHECK(result.sizes().equals(planned.sizes), op, ": the CPU kernel's result has shape ", result.sizes(),
-      " where the Meta kernel's has shape ", c10::IntArrayRef(planned.sizes));
-  const bool there = result.data_ptr() ==
-          static_cast<char*>(planned.data) + planned.offset * static_cast<int64_t>(c10::elementSize(planned.dtype)) &&
-      result.sizes().equals(planned.sizes) && result.strides().equals(planned.strides) &&
-      result.scalar_type() == planned.dtype && result.is_conj() == planned.conj && result.is_neg() == planned.neg;
-  if (!there) {
+  TORCH_CHECK(result.sizes().equals(planned.geometry.sizes), op, ": the CPU kernel's result has shape ",
+      result.sizes(), " where the Meta kernel's has shape ", c10::IntArrayRef(planned.geometry.sizes));
+  if (!planned.geometry.describes(result, planned.data)) {
     host_copy(get(snapshot), result);
   }
 }
@@ -47,7 +43,7 @@ KernelScope::KernelScope(const TaskTensors& tensors) {
   int64_t largest = 0;  // a foreach op runs a kernel per tensor: the largest one tells the kernel's size
   if (tensors.pointwise) {  // only a pointwise kernel's team depends on its size (Note [A core for the host])
     for (const TensorSnapshot& s : tensors.tensors) {
-      largest = std::max(largest, c10::multiply_integers(s.sizes));
+      largest = std::max(largest, c10::multiply_integers(s.geometry.sizes));
     }
     for (const at::Tensor& t : tensors.held) {
       largest = std::max(largest, t.numel());

@@ -2,6 +2,8 @@
 // argument signature (meta_cache.cpp). See Note [Cached output metadata].
 #pragma once
 
+#include "../tensor_geometry.h"
+
 #include <ATen/core/Tensor.h>
 #include <c10/util/SmallVector.h>
 
@@ -62,12 +64,7 @@ struct PlannedTensor {
   };
   Kind kind = Kind::kUndefined;
   int32_t index = -1;
-  c10::ScalarType dtype = c10::ScalarType::Undefined;
-  c10::SmallVector<int64_t, 5> sizes;
-  c10::SmallVector<int64_t, 5> strides;
-  int64_t offset = 0;
-  bool conj = false;
-  bool neg = false;
+  TensorGeometry geometry;
 };
 
 struct MetaPlan {

@@ -1,9 +1,9 @@
 // The npu tensors of one op launch: see launch_args.h.
 #include "launch_args.h"
 
-#include "device_hooks.h"
-#include "host_transfer.h"
-#include "../runtime/device_allocator.h"
+#include "../device_hooks.h"
+#include "../host_transfer.h"
+#include "../../runtime/device_allocator.h"
 
 #include <ATen/core/List.h>
 #include <c10/core/Allocator.h>
@@ -97,12 +97,7 @@ void LaunchArgs::plan_from_meta(const std::vector<c10::IValue>& results, MetaPla
     TORCH_CHECK(m.device().type() == c10::DeviceType::Meta && m.layout() == c10::kStrided &&
             typeid(*m.unsafeGetTensorImpl()) == typeid(c10::TensorImpl),
         "its Meta kernel returned a ", m.layout(), " tensor on ", m.device(), ", not a strided Meta tensor");
-    p.dtype = m.scalar_type();
-    p.sizes.assign(m.sizes().begin(), m.sizes().end());
-    p.strides.assign(m.strides().begin(), m.strides().end());
-    p.offset = m.storage_offset();
-    p.conj = m.is_conj();
-    p.neg = m.is_neg();
+    p.geometry = TensorGeometry::of(m);
     for (size_t k = 0; k < meta_inputs_.size(); ++k) {
       if (meta_inputs_[k].unsafeGetTensorImpl() == m.unsafeGetTensorImpl()) {
         p.kind = PlannedTensor::Kind::kArgument;  // in-place and out= ops return their argument
@@ -176,15 +171,8 @@ at::Tensor LaunchArgs::output(const PlannedTensor& p, const MetaPlan& plan, Task
   *snapshot = -1;
   auto over = [&](const c10::Storage& storage) {
     auto out = at::detail::make_tensor<c10::TensorImpl>(c10::Storage(storage),
-        c10::DispatchKeySet(c10::DispatchKey::PrivateUse1), c10::scalarTypeToTypeMeta(p.dtype));
-    c10::TensorImpl* impl = out.unsafeGetTensorImpl();
-    impl->set_sizes_and_strides(p.sizes, p.strides, p.offset);
-    if (p.conj) {
-      impl->_set_conj(true);
-    }
-    if (p.neg) {
-      impl->_set_neg(true);
-    }
+        c10::DispatchKeySet(c10::DispatchKey::PrivateUse1), c10::scalarTypeToTypeMeta(p.geometry.dtype));
+    p.geometry.apply_to(out.unsafeGetTensorImpl());
     return out;
   };
   switch (p.kind) {

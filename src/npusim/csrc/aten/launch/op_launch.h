@@ -5,7 +5,8 @@
 // model. See Note [Compute on the stream].
 #pragma once
 
-#include "../runtime/stream.h"
+#include "launch_scan.h"
+#include "../../runtime/stream.h"
 
 #include <ATen/core/dispatch/Dispatcher.h>
 #include <ATen/core/ivalue.h>
@@ -58,5 +59,8 @@ bool launch_boxed(const c10::OperatorHandle& op, torch::jit::Stack* stack);
 // Whether an op on `stream` whose npu arguments hold `numel` elements in all
 // runs on the host now rather than as a task: see Note [Work on an idle stream].
 bool compute_on_the_host_now(const NpuStream& stream, int64_t numel);
+// The same for an op whose arguments `scan` has seen, on its npu's current
+// stream: the one host-or-stream decision of the boxed and unboxed launches.
+bool compute_on_the_host_now(const LaunchScan& scan);
 
 }  // namespace npusim

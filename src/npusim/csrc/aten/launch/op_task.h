@@ -5,8 +5,8 @@
 // (op_launch.cpp).
 #pragma once
 
-#include "cpu_aliases.h"
-#include "generator.h"
+#include "../cpu_aliases.h"
+#include "../generator.h"
 
 #include <ATen/core/LegacyTypeDispatch.h>
 #include <ATen/core/Tensor.h>

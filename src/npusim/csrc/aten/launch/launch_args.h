@@ -6,7 +6,7 @@
 #pragma once
 
 #include "meta_cache.h"
-#include "op_arguments.h"
+#include "../op_arguments.h"
 #include "op_task.h"
 
 #include <ATen/core/Tensor.h>

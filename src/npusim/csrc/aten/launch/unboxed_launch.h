@@ -7,9 +7,9 @@
 #pragma once
 
 #include "launch_args.h"
-#include "op_traits.h"
-#include "../runtime/stream.h"
-#include "intraop_threads.h"
+#include "../op_traits.h"
+#include "../../runtime/stream.h"
+#include "../intraop_threads.h"
 
 #include <ATen/core/Tensor.h>
 #include <c10/core/DeviceGuard.h>
