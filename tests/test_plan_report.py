@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import json
 import pickle
+import re
 import sys
 from pathlib import Path
 
@@ -23,7 +24,8 @@ STEP_FLOPS = 5 * 2 * 64 * 256 * 1024
 
 
 def _script_steps(stdout: str) -> dict[tuple[int, int], dict]:
-    lines = [json.loads(line) for line in stdout.splitlines() if line.startswith('{"rank"')]
+    # Two ranks' lines share torchrun's stdout and may run into each other: each step is one flat object.
+    lines = [json.loads(text) for text in re.findall(r'\{"rank": [^{}]*\}', stdout)]
     return {(line["rank"], line["step"]): line for line in lines}
 
 

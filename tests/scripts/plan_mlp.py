@@ -5,6 +5,7 @@ step's top after that)."""
 
 import json
 import os
+import sys
 
 import torch
 import torch.distributed as dist
@@ -47,8 +48,10 @@ def main() -> None:
         loss = model(x).square().mean()
         loss.backward()
         optimizer.step()
-        print(json.dumps({"rank": rank, "step": step, "max_allocated": torch.npu.max_memory_allocated(),
-                          "max_reserved": torch.npu.max_memory_reserved(), "loss": loss.item()}), flush=True)
+        line = json.dumps({"rank": rank, "step": step, "max_allocated": torch.npu.max_memory_allocated(),
+                           "max_reserved": torch.npu.max_memory_reserved(), "loss": loss.item()})
+        sys.stdout.write(line + "\n")  # one write: the ranks share torchrun's stdout
+        sys.stdout.flush()
     if world > 1:
         dist.destroy_process_group()
 
