@@ -78,11 +78,12 @@ def print_table(report: dict[str, Any], options: Any, rank: int) -> None:
     reports = [report]
     world = report["world_size"]
     if world > 1:
-        reports = read_rank_reports(options.out, world, options.wait_s, report["run_id"]) or [report]
+        ranks = list(options.ranks) if options.ranks is not None else list(range(world))
+        reports = read_rank_reports(options.out, ranks, options.wait_s, report["run_id"]) or [report]
         combined = Path(options.out) / "report.json"
         combined.write_text(json.dumps({"world_size": world, "ranks": reports}, indent=1, default=str))
-        if len(reports) < world:
-            print(f"npusim report: {len(reports)} of {world} ranks' reports found in {options.out} "
+        if len(reports) < len(ranks):
+            print(f"npusim report: {len(reports)} of {len(ranks)} ranks' reports found in {options.out} "
                   f"within {options.wait_s:g} s", flush=True)
     print(format_table(reports), flush=True)
     print(f"npusim report: wrote {report['out']}/ (report.json, memory.png, snapshot.pickle, trace.json)"

@@ -77,6 +77,9 @@ class ReportOptions(NamedTuple):
     wait_s: float = 120.0  # how long rank 0 waits for the other ranks' reports
     command: tuple[str, ...] = ()  # what ran, for the report's header
     mode: str = "report"  # "plan" when plan mode runs it
+    # The ranks that run and write a report (None: every rank of WORLD_SIZE). Plan mode, where one rank
+    # stands for the world, names the ranks it runs, so rank 0 waits for those only.
+    ranks: tuple[int, ...] | None = None
 
 
 def _rank_world() -> tuple[int, int]:
@@ -305,13 +308,13 @@ def _anchor() -> tuple[int, float]:
     return acl.profiler_axis_anchor()
 
 
-def read_rank_reports(out: str, world: int, wait_s: float, job: str) -> list[dict[str, Any]]:
-    """Every rank's report.json of run ``job`` under ``out`` that appears within ``wait_s`` seconds, in
-    rank order."""
+def read_rank_reports(out: str, ranks: list[int], wait_s: float, job: str) -> list[dict[str, Any]]:
+    """The report.json of run ``job`` of each of ``ranks`` under ``out`` that appears within ``wait_s``
+    seconds, in rank order."""
     deadline = time_module.monotonic() + wait_s
     found: dict[int, dict[str, Any]] = {}
     while True:
-        for rank in range(world):
+        for rank in ranks:
             path = Path(out) / f"rank{rank}" / "report.json"
             if rank not in found and path.exists():
                 try:
@@ -320,7 +323,7 @@ def read_rank_reports(out: str, world: int, wait_s: float, job: str) -> list[dic
                     continue
                 if report.get("run_id") == job:
                     found[rank] = report
-        if len(found) == world or time_module.monotonic() >= deadline:
+        if len(found) == len(ranks) or time_module.monotonic() >= deadline:
             return [found[r] for r in sorted(found)]
         time_module.sleep(0.2)
 
