@@ -129,3 +129,12 @@ def test_readme_examples_run(tmp_path):
     result = subprocess.run([sys.executable, "-m", "torch.distributed.run", "--nproc-per-node", "2", str(script)],
                             capture_output=True, text=True, timeout=300, cwd=tmp_path)
     assert result.returncode == 0, result.stdout[-3000:] + result.stderr[-3000:]
+
+
+def test_readme_and_benchmarks_stay_short():
+    """The README is a one-screen tour with a short section per feature (under 250 lines), and
+    docs/BENCHMARKS.md the current figures (under 400 lines; older ones go to BENCHMARKS-HISTORY.md)."""
+    readme = (ROOT / "README.md").read_text().splitlines()
+    benchmarks = (ROOT / "docs" / "BENCHMARKS.md").read_text().splitlines()
+    assert len(readme) < 250, f"README.md has {len(readme)} lines: move long material to a docs/ page"
+    assert len(benchmarks) < 400, f"docs/BENCHMARKS.md has {len(benchmarks)} lines: move history out"
