@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import subprocess
 import sys
+from typing import Any
 
 import pytest
 import torch
@@ -164,7 +165,6 @@ MORE_FUSED_CASES = [
 def _check_more_fused_strategies(rank: int, world_size: int) -> int:
     from torch.distributed.device_mesh import init_device_mesh
     from torch.distributed.tensor import distribute_tensor
-    from torch.distributed.tensor.debug import CommDebugMode
 
     from npusim.distributed import dtensor_strategies
 
@@ -177,20 +177,27 @@ def _check_more_fused_strategies(rank: int, world_size: int) -> int:
         expected = expected if isinstance(expected, tuple) else (expected,)
         sharded = [a if p is None else distribute_tensor(a, mesh, [_placement(p)])
                    for a, p in zip(args, places, strict=True)]
-        with CommDebugMode() as comm:
-            got = op(*sharded)
-        got = got if isinstance(got, tuple) else (got,)
-        assert comm.get_total_counts() == 0, f"{name}: {comm.get_comm_counts()}"
-        for j, (g, e, p) in enumerate(zip(got, expected, out_places, strict=True)):
-            assert g.placements == (_placement(p),), f"{name} output {j}: {g.placements}"
-            assert_close(g.full_tensor().cpu(), e.cpu(), rtol=1e-5, atol=1e-5, msg=f"{name} output {j}")
+        _assert_sharded_run_equals(name, op, sharded, expected, out_places)
     return len(MORE_FUSED_CASES)
 
+
+
+def _assert_sharded_run_equals(name: str, op: Any, sharded: list[Any], expected: tuple[torch.Tensor, ...],
+                               out_places: Any) -> None:
+    """``op`` on the DTensors runs without a collective and gives ``expected`` in ``out_places``."""
+    from torch.distributed.tensor.debug import CommDebugMode
+
+    with CommDebugMode() as comm:
+        got = op(*sharded)
+    got = got if isinstance(got, tuple) else (got,)
+    assert comm.get_total_counts() == 0, f"{name}: {comm.get_comm_counts()}"
+    for j, (g, e, p) in enumerate(zip(got, expected, out_places, strict=True)):
+        assert g.placements == (_placement(p),), f"{name} output {j}: {g.placements}"
+        assert_close(g.full_tensor().cpu(), e.cpu(), rtol=1e-5, atol=1e-5, msg=f"{name} output {j}")
 
 def _check_fused_strategies(rank: int, world_size: int) -> int:
     from torch.distributed.device_mesh import init_device_mesh
     from torch.distributed.tensor import distribute_tensor
-    from torch.distributed.tensor.debug import CommDebugMode
 
     from npusim.distributed import dtensor_strategies
 
@@ -203,13 +210,7 @@ def _check_fused_strategies(rank: int, world_size: int) -> int:
         expected = op(*inputs)
         expected = expected if isinstance(expected, tuple) else (expected,)
         sharded = [distribute_tensor(t, mesh, [_placement(p)]) for t, p in zip(inputs, places, strict=True)]
-        with CommDebugMode() as comm:
-            got = op(*sharded)
-        got = got if isinstance(got, tuple) else (got,)
-        assert comm.get_total_counts() == 0, f"{name}: {comm.get_comm_counts()}"
-        for j, (g, e, p) in enumerate(zip(got, expected, out_places, strict=True)):
-            assert g.placements == (_placement(p),), f"{name} output {j}: {g.placements}"
-            assert_close(g.full_tensor().cpu(), e.cpu(), rtol=1e-5, atol=1e-5, msg=f"{name} output {j}")
+        _assert_sharded_run_equals(name, op, sharded, expected, out_places)
     return len(FUSED_CASES)
 
 
