@@ -440,7 +440,7 @@ Tensor& bernoulli_out(const Tensor& self, Gen gen, Tensor& out) {
 // pass draws each element's block and writes its mask bit and its output,
 // computing exactly what the three ops (bernoulli_, mul, mul_) computed
 // before: (x * m) * scale, so a dropped NaN or inf stays NaN as on CUDA.
-// Other inputs take those three ops.
+// Other inputs (strided, integer, float8, complex) take those three ops.
 std::tuple<Tensor, Tensor> native_dropout(const Tensor& input, double p, std::optional<bool> train) {
   const auto mask_options = input.options().dtype(at::kBool);
   if (train.has_value() && !*train) {
@@ -450,7 +450,10 @@ std::tuple<Tensor, Tensor> native_dropout(const Tensor& input, double p, std::op
     return {at::zeros_like(input), at::zeros_like(input, mask_options)};
   }
   Tensor mask = at::empty_like(input, mask_options);
-  if (input.device().type() != kNpu || !input.is_contiguous() || !at::isFloatingType(input.scalar_type())) {
+  const at::ScalarType dtype = input.scalar_type();
+  const bool one_pass_dtype =
+      dtype == at::kFloat || dtype == at::kDouble || dtype == at::kHalf || dtype == at::kBFloat16;
+  if (input.device().type() != kNpu || !input.is_contiguous() || !one_pass_dtype) {
     bernoulli_float(mask, 1 - p, std::nullopt);
     return {input.mul(mask).mul_(1.0 / (1.0 - p)), mask};
   }
