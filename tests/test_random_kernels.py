@@ -69,6 +69,18 @@ def test_full_range_random_is_the_low_half_of_each_philox_block(threads: int, nu
     np.testing.assert_array_equal(got, expected)
 
 
+@pytest.mark.parametrize("form", ["auto", "portable", "avx2", "avx512"])
+@pytest.mark.parametrize("offset", [0, 2**32 - 20, 2**64 - 40], ids=["offset-0", "low-word-wrap", "2^64-wrap"])
+def test_every_form_of_the_kernel_draws_philox_words(form: str, offset: int):
+    """Each form of the batched kernel this machine has (the others are skipped) gives the reference's words,
+    whole batches and a partial one, across counter carries: the form picked at run time differs by machine."""
+    n = 3 * 32 + 5
+    got = acl.philox_words(form, SEED, offset, n)
+    if got is None:
+        pytest.skip(f"this machine has no {form} form")
+    np.testing.assert_array_equal(got.numpy().astype(np.uint32), philox_words(SEED, offset, n))
+
+
 def _digest(t: torch.Tensor) -> str:
     flat = t.contiguous().reshape(-1)
     raw = flat.to(torch.uint8) if flat.dtype == torch.bool else flat.view(torch.uint8)

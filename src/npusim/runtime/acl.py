@@ -182,6 +182,10 @@ worker_intraop_threads: Callable[[int, int, bool], int] = C.worker_intraop_threa
 # The device's default Philox generator (seed, offset) as a torch.Generator; the
 # same object on every call while it lives. See Note [npu Philox stream] (generator.h).
 default_generator: Callable[[int], torch.Generator] = C.default_generator
+# (form, seed, offset, n): the words of n Philox blocks drawn by one form of the batched kernel
+# ("auto", "portable", "avx2", "avx512"; Note [Philox blocks in batches]), an int64 tensor [n, 4];
+# None where the machine lacks the form.
+philox_words: Callable[[str, int, int, int], torch.Tensor | None] = C.philox_words
 
 # ---- graphs (aclmdlRICaptureBegin / End, aclmdlRIExecuteAsync) --------------
 

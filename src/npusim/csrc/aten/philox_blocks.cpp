@@ -1,6 +1,9 @@
 // See Note [Philox blocks in batches].
 #include "philox_blocks.h"
 
+#include <algorithm>
+#include <cstring>
+
 #if defined(__x86_64__) && defined(__GNUC__)
 #include <immintrin.h>
 #endif
@@ -178,6 +181,48 @@ void philox_blocks(uint64_t seed, uint64_t offset, uint64_t first, int count, Ph
   }
 #endif
   philox_lanes_portable(seed, offset, first, out);
+}
+
+bool philox_words_by_form(const char* form, uint64_t seed, uint64_t offset, int64_t n, uint32_t* words) {
+  using Fill = void (*)(uint64_t, uint64_t, uint64_t, int, PhiloxBatch&);
+  Fill fill = nullptr;
+  if (std::strcmp(form, "auto") == 0) {
+    fill = &philox_blocks;
+  } else if (std::strcmp(form, "portable") == 0) {
+    fill = [](uint64_t s, uint64_t o, uint64_t f, int, PhiloxBatch& b) { philox_lanes_portable(s, o, f, b); };
+#if defined(__x86_64__) && defined(__GNUC__)
+  } else if (std::strcmp(form, "avx2") == 0 && __builtin_cpu_supports("avx2")) {
+    fill = [](uint64_t s, uint64_t o, uint64_t f, int c, PhiloxBatch& b) {
+      if (o + f + static_cast<uint64_t>(kPhiloxBatch - 1) < o) {
+        philox_lanes_portable(s, o, f, b);  // as philox_blocks: 64-bit counters only
+      } else {
+        philox_lanes_avx2(s, o + f, c, b);
+      }
+    };
+  } else if (std::strcmp(form, "avx512") == 0 && __builtin_cpu_supports("avx512f")) {
+    fill = [](uint64_t s, uint64_t o, uint64_t f, int c, PhiloxBatch& b) {
+      if (o + f + static_cast<uint64_t>(kPhiloxBatch - 1) < o) {
+        philox_lanes_portable(s, o, f, b);
+      } else {
+        philox_lanes_avx512(s, o + f, c, b);
+      }
+    };
+#endif
+  }
+  if (fill == nullptr) {
+    return false;
+  }
+  PhiloxBatch batch;
+  for (int64_t first = 0; first < n; first += kPhiloxBatch) {
+    const int count = static_cast<int>(std::min<int64_t>(kPhiloxBatch, n - first));
+    fill(seed, offset, static_cast<uint64_t>(first), count, batch);
+    for (int j = 0; j < count; ++j) {
+      for (int w = 0; w < 4; ++w) {
+        words[4 * (first + j) + w] = batch.x[w][j];
+      }
+    }
+  }
+  return true;
 }
 
 }  // namespace npusim

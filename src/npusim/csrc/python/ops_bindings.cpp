@@ -14,6 +14,7 @@
 #include "../aten/launch/meta_cache.h"
 #include "../aten/launch/op_launch.h"
 #include "../aten/launch/op_task.h"
+#include "../aten/philox_blocks.h"
 #include "../aten/primitives.h"
 
 #include <torch/csrc/DynamicTypes.h>
@@ -68,6 +69,22 @@ void init_ops_bindings(py::module& m) {
 
   // random numbers: the Python torch.Generator of a device's default generator
   m.def("default_generator", [](int device) { return npusim::default_generator(device); });
+  // Note [Philox blocks in batches]: the words of n blocks drawn by one form
+  // ("auto", "portable", "avx2", "avx512"), as an int64 tensor [n, 4] of
+  // 32-bit words; None for a form this machine lacks.
+  m.def("philox_words", [](const std::string& form, uint64_t seed, uint64_t offset, int64_t n) -> py::object {
+    TORCH_CHECK(n >= 0, "philox_words: expected n >= 0, got ", n);
+    std::vector<uint32_t> words(static_cast<size_t>(4 * n));
+    if (!npusim::philox_words_by_form(form.c_str(), seed, offset, n, words.data())) {
+      return py::none();
+    }
+    at::Tensor out = at::empty({n, 4}, at::kLong);
+    int64_t* data = out.data_ptr<int64_t>();
+    for (size_t i = 0; i < words.size(); ++i) {
+      data[i] = words[i];
+    }
+    return py::cast(out);
+  });
 
   m.def("cached_meta_plans", &npusim::cached_meta_plans);
   m.def("usable_cores", &npusim::usable_cores);
