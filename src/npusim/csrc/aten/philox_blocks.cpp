@@ -148,34 +148,42 @@ __attribute__((target("avx512f"))) void philox_lanes_avx512(uint64_t seed, uint6
   }
 }
 
-enum class PhiloxIsa { kPortable, kAvx2, kAvx512 };
-
-PhiloxIsa philox_isa() {
-  static const PhiloxIsa isa = [] {
-    __builtin_cpu_init();
-    if (__builtin_cpu_supports("avx512f")) {
-      return PhiloxIsa::kAvx512;
-    }
-    return __builtin_cpu_supports("avx2") ? PhiloxIsa::kAvx2 : PhiloxIsa::kPortable;
-  }();
-  return isa;
-}
 #endif
 
-void philox_blocks(uint64_t seed, uint64_t offset, uint64_t first, int count, PhiloxBatch& out) {
+// The forms of the kernel; a machine without a form's instructions never takes it.
+enum class PhiloxForm { kPortable, kAvx2, kAvx512 };
+
+// The best form this machine has, found once.
+PhiloxForm best_philox_form() {
+#if defined(__x86_64__) && defined(__GNUC__)
+  static const PhiloxForm form = [] {
+    __builtin_cpu_init();
+    if (__builtin_cpu_supports("avx512f")) {
+      return PhiloxForm::kAvx512;
+    }
+    return __builtin_cpu_supports("avx2") ? PhiloxForm::kAvx2 : PhiloxForm::kPortable;
+  }();
+  return form;
+#else
+  return PhiloxForm::kPortable;
+#endif
+}
+
+// philox_blocks in `form`, which this machine must have.
+void philox_blocks_in(PhiloxForm form, uint64_t seed, uint64_t offset, uint64_t first, int count, PhiloxBatch& out) {
 #if defined(__x86_64__) && defined(__GNUC__)
   // At or past 2^64 the counter carries into its third word: the portable form.
   const uint64_t start = offset + first;
   const bool carries = start < offset || start + static_cast<uint64_t>(kPhiloxBatch - 1) < start;
   if (!carries) {
-    switch (philox_isa()) {
-      case PhiloxIsa::kAvx512:
+    switch (form) {
+      case PhiloxForm::kAvx512:
         philox_lanes_avx512(seed, start, count, out);
         return;
-      case PhiloxIsa::kAvx2:
+      case PhiloxForm::kAvx2:
         philox_lanes_avx2(seed, start, count, out);
         return;
-      case PhiloxIsa::kPortable:
+      case PhiloxForm::kPortable:
         break;
     }
   }
@@ -183,39 +191,31 @@ void philox_blocks(uint64_t seed, uint64_t offset, uint64_t first, int count, Ph
   philox_lanes_portable(seed, offset, first, out);
 }
 
+void philox_blocks(uint64_t seed, uint64_t offset, uint64_t first, int count, PhiloxBatch& out) {
+  philox_blocks_in(best_philox_form(), seed, offset, first, count, out);
+}
+
 bool philox_words_by_form(const char* form, uint64_t seed, uint64_t offset, int64_t n, uint32_t* words) {
-  using Fill = void (*)(uint64_t, uint64_t, uint64_t, int, PhiloxBatch&);
-  Fill fill = nullptr;
-  if (std::strcmp(form, "auto") == 0) {
-    fill = &philox_blocks;
-  } else if (std::strcmp(form, "portable") == 0) {
-    fill = [](uint64_t s, uint64_t o, uint64_t f, int, PhiloxBatch& b) { philox_lanes_portable(s, o, f, b); };
+  PhiloxForm chosen = best_philox_form();
+  if (std::strcmp(form, "portable") == 0) {
+    chosen = PhiloxForm::kPortable;
+  } else if (std::strcmp(form, "avx2") == 0 || std::strcmp(form, "avx512") == 0) {
 #if defined(__x86_64__) && defined(__GNUC__)
-  } else if (std::strcmp(form, "avx2") == 0 && __builtin_cpu_supports("avx2")) {
-    fill = [](uint64_t s, uint64_t o, uint64_t f, int c, PhiloxBatch& b) {
-      if (o + f + static_cast<uint64_t>(kPhiloxBatch - 1) < o) {
-        philox_lanes_portable(s, o, f, b);  // as philox_blocks: 64-bit counters only
-      } else {
-        philox_lanes_avx2(s, o + f, c, b);
-      }
-    };
-  } else if (std::strcmp(form, "avx512") == 0 && __builtin_cpu_supports("avx512f")) {
-    fill = [](uint64_t s, uint64_t o, uint64_t f, int c, PhiloxBatch& b) {
-      if (o + f + static_cast<uint64_t>(kPhiloxBatch - 1) < o) {
-        philox_lanes_portable(s, o, f, b);
-      } else {
-        philox_lanes_avx512(s, o + f, c, b);
-      }
-    };
+    const bool avx512 = form[3] == '5';
+    if (!(avx512 ? __builtin_cpu_supports("avx512f") : __builtin_cpu_supports("avx2"))) {
+      return false;
+    }
+    chosen = avx512 ? PhiloxForm::kAvx512 : PhiloxForm::kAvx2;
+#else
+    return false;
 #endif
-  }
-  if (fill == nullptr) {
+  } else if (std::strcmp(form, "auto") != 0) {
     return false;
   }
   PhiloxBatch batch;
   for (int64_t first = 0; first < n; first += kPhiloxBatch) {
     const int count = static_cast<int>(std::min<int64_t>(kPhiloxBatch, n - first));
-    fill(seed, offset, static_cast<uint64_t>(first), count, batch);
+    philox_blocks_in(chosen, seed, offset, static_cast<uint64_t>(first), count, batch);
     for (int j = 0; j < count; ++j) {
       for (int w = 0; w < 4; ++w) {
         words[4 * (first + j) + w] = batch.x[w][j];

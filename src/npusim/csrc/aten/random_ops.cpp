@@ -457,8 +457,7 @@ std::tuple<Tensor, Tensor> native_dropout(const Tensor& input, double p, std::op
     bernoulli_float(mask, 1 - p, std::nullopt);
     return {input.mul(mask).mul_(1.0 / (1.0 - p)), mask};
   }
-  Tensor output = at::empty_like(input, at::MemoryFormat::Contiguous);
-  mask = mask.contiguous();
+  Tensor output = at::empty_like(input, at::MemoryFormat::Contiguous);  // mask is contiguous as input is
   // bernoulli_'s checks and its draw, over the mask
   TORCH_CHECK(0 <= p && p <= 1, "dropout probability has to be between 0 and 1, but got ", p);
   const RandomLaunch launch = begin_op(mask, std::nullopt, "native_dropout");

@@ -292,33 +292,10 @@ void BoxedLaunch::run_meta(bool keep_inputs) {
   args_.make_meta();
   torch::jit::Stack stack;
   stack.reserve(slots_.size());
+  const auto meta_of = [this](int32_t ref) { return args_.meta(ref); };
   for (size_t i = 0; i < slots_.size(); ++i) {
-    const ArgSlot& slot = slots_[i];
-    switch (slot.kind) {
-      case ArgSlot::Kind::kValue:
-        stack.push_back(npu_device_slots_ & (uint64_t{1} << i) ? c10::IValue(c10::Device(c10::DeviceType::Meta))
-                                                               : slot.value);
-        break;
-      case ArgSlot::Kind::kTensor:
-        stack.emplace_back(args_.meta(slot.refs[0]));
-        break;
-      case ArgSlot::Kind::kTensorList: {
-        c10::List<at::Tensor> list;
-        for (const int32_t ref : slot.refs) {
-          list.push_back(args_.meta(ref));
-        }
-        stack.emplace_back(std::move(list));
-        break;
-      }
-      case ArgSlot::Kind::kOptionalTensorList: {
-        c10::List<std::optional<at::Tensor>> list;
-        for (const int32_t ref : slot.refs) {
-          list.push_back(ref == kUndefinedRef ? std::nullopt : std::optional<at::Tensor>(args_.meta(ref)));
-        }
-        stack.emplace_back(std::move(list));
-        break;
-      }
-    }
+    const bool npu_device = (npu_device_slots_ & (uint64_t{1} << i)) != 0;  // "meta" for the Meta kernel
+    stack.push_back(npu_device ? c10::IValue(c10::Device(c10::DeviceType::Meta)) : slot_value(slots_[i], meta_of));
   }
   if (keep_inputs) {
     meta_inputs_ = stack;  // for the compute-cost hook

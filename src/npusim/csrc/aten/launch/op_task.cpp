@@ -91,32 +91,7 @@ void OpTask::run() const {
   torch::jit::Stack stack;
   stack.reserve(args.size());
   for (const ArgSlot& arg : args) {
-    switch (arg.kind) {
-      case ArgSlot::Kind::kValue:
-        stack.push_back(arg.value);
-        break;
-      case ArgSlot::Kind::kTensor:
-        stack.emplace_back(aliases.get(arg.refs[0]));
-        break;
-      case ArgSlot::Kind::kTensorList: {
-        c10::List<at::Tensor> list;
-        list.reserve(arg.refs.size());
-        for (const int32_t ref : arg.refs) {
-          list.push_back(aliases.get(ref));
-        }
-        stack.emplace_back(std::move(list));
-        break;
-      }
-      case ArgSlot::Kind::kOptionalTensorList: {
-        c10::List<std::optional<at::Tensor>> list;
-        list.reserve(arg.refs.size());
-        for (const int32_t ref : arg.refs) {
-          list.push_back(ref == kUndefinedRef ? std::nullopt : std::optional<at::Tensor>(aliases.get(ref)));
-        }
-        stack.emplace_back(std::move(list));
-        break;
-      }
-    }
+    stack.push_back(slot_value(arg, [&](int32_t ref) { return aliases.get(ref); }));
   }
   for (const auto& [i, state] : generators) {
     stack[i] = c10::IValue(cpu_generator_from(state.unpack()));

@@ -9,12 +9,15 @@
 #include "../generator.h"
 
 #include <ATen/core/LegacyTypeDispatch.h>
+#include <ATen/core/List.h>
 #include <ATen/core/Tensor.h>
 #include <ATen/core/dispatch/Dispatcher.h>
 #include <ATen/core/ivalue.h>
 #include <c10/util/SmallVector.h>
 
 #include <cstdint>
+#include <optional>
+#include <utility>
 #include <vector>
 
 namespace npusim {
@@ -73,6 +76,36 @@ struct ArgSlot {
   c10::IValue value;  // kValue
   c10::SmallVector<int32_t, 1> refs;  // the tensors, in order (kOptionalTensorList: kUndefinedRef is None)
 };
+
+// The stack value of `slot`: its value, or its tensors with each ref's tensor
+// from tensor_of(ref) (the Meta stand-ins when the launch asks the Meta
+// kernel, the CPU aliases when the task runs the CPU kernel).
+template <class TensorOf>
+c10::IValue slot_value(const ArgSlot& slot, const TensorOf& tensor_of) {
+  switch (slot.kind) {
+    case ArgSlot::Kind::kValue:
+      return slot.value;
+    case ArgSlot::Kind::kTensor:
+      return c10::IValue(tensor_of(slot.refs[0]));
+    case ArgSlot::Kind::kTensorList: {
+      c10::List<at::Tensor> list;
+      list.reserve(slot.refs.size());
+      for (const int32_t ref : slot.refs) {
+        list.push_back(tensor_of(ref));
+      }
+      return c10::IValue(std::move(list));
+    }
+    case ArgSlot::Kind::kOptionalTensorList: {
+      c10::List<std::optional<at::Tensor>> list;
+      list.reserve(slot.refs.size());
+      for (const int32_t ref : slot.refs) {
+        list.push_back(ref == kUndefinedRef ? std::nullopt : std::optional<at::Tensor>(tensor_of(ref)));
+      }
+      return c10::IValue(std::move(list));
+    }
+  }
+  return slot.value;
+}
 
 // A result of the kernel to place in an output the host allocated.
 struct FreshOutput {
