@@ -60,6 +60,7 @@ def apply_settings() -> None:
     physical = config.device_count(acl.DEFAULT_DEVICE_COUNT, acl.MAX_DEVICES)
     acl.set_device_count(len(config.visible_devices(physical)))
     acl.set_launch_blocking(config.launch_blocking())
+    acl.set_plan_mode(config.plan_mode())
     acl.set_max_pending_launches(config.max_pending_launches())
     margin = config.host_memory_margin()
     acl.set_host_memory_margin(-1 if margin is None else margin)

@@ -48,6 +48,8 @@ VARIABLES: dict[str, Variable] = {v.name: v for v in (
     Variable("NPUSIM_RANKS_PER_NODE", "",
              "ranks per node for pricing collectives (default: LOCAL_WORLD_SIZE, else the profile's)"),
     Variable("NPUSIM_FOREACH_COPY_MODE", "aligned", "aligned or legacy (the _foreach_copy_ kernel before the change)"),
+    Variable("NPUSIM_COMPUTE", "real",
+             "real, or plan: ops launch, allocate and take chip time but compute nothing (npusim plan)"),
     Variable("NPUSIM_LAUNCH_BLOCKING", "0", "1: every device task completes before its launch returns"),
     Variable("NPUSIM_MAX_PENDING_LAUNCHES", "1024",
              "launches a stream may have pending before the next one waits (like CUDA's launch queue)"),
@@ -387,6 +389,11 @@ def visible_devices(physical: int) -> list[int]:
 def launch_blocking() -> bool:
     """``NPUSIM_LAUNCH_BLOCKING``."""
     return parse_bool(env("NPUSIM_LAUNCH_BLOCKING"), "NPUSIM_LAUNCH_BLOCKING")
+
+
+def plan_mode() -> bool:
+    """``NPUSIM_COMPUTE`` is ``plan``: the device computes nothing (Note [Plan mode])."""
+    return parse_choice(env("NPUSIM_COMPUTE"), "NPUSIM_COMPUTE", ("real", "plan")) == "plan"
 
 
 def max_pending_launches() -> int:

@@ -138,6 +138,10 @@ set_host_memory_margin: Callable[[int], None] = C.set_host_memory_margin
 simulate_host_memory: Callable[[int], None] = C.simulate_host_memory
 fail_host_mappings: Callable[[int], None] = C.fail_host_mappings
 mapped_segment_bytes: Callable[[], int] = C.mapped_segment_bytes
+# Plan mode (Note [Plan mode] in csrc/runtime/plan_mode.cpp): no kernel runs, device memory is not backed.
+# Set before the first npu allocation only.
+set_plan_mode: Callable[[bool], None] = C.set_plan_mode
+device_computes: Callable[[], bool] = C.device_computes
 host_memory_stats: Callable[[], dict[str, int]] = C.host_memory_stats
 reset_peak_host_memory_stats: Callable[[], None] = C.reset_peak_host_memory_stats
 reset_accumulated_host_memory_stats: Callable[[], None] = C.reset_accumulated_host_memory_stats

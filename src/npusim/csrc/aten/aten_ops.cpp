@@ -4,6 +4,7 @@
 #include "device_hooks.h"
 #include "../runtime/device_allocator.h"
 #include "../runtime/event.h"
+#include "../runtime/plan_mode.h"
 #include "../runtime/stream.h"
 #include "../runtime/subnormals.h"
 #include "../runtime/timing.h"
@@ -165,6 +166,15 @@ at::Tensor copy_from(const at::Tensor& src, const at::Tensor& dst, bool non_bloc
       "copy_: npusim copies between npu and cpu only, got ", src.device(), " -> ", dst.device());
   const size_t nbytes = byte_size(dst);
   at::Tensor dst_alias = cpu_alias(dst);
+  // Note [Plan mode]: a copy into npu memory writes nothing; it keeps its place on the stream and its time.
+  const bool writes = device_computes() || !dst_npu;
+  const auto copy_task = [writes](at::Tensor to, at::Tensor from) {
+    return [writes, to = std::move(to), from = std::move(from)] {
+      if (writes) {
+        host_copy(to, from);
+      }
+    };
+  };
 
   if (src_npu && dst_npu) {
     at::Tensor src_alias = cpu_alias(src);
@@ -174,19 +184,19 @@ at::Tensor copy_from(const at::Tensor& src, const at::Tensor& dst, bool non_bloc
       // the _copy_from redirect skips.
       at::assert_no_partial_overlap(dst, src);
       if (copy_on_the_host_now(src_stream, nbytes)) {
-        copy_now(src_stream, "copy_d2d", dst_alias, src_alias);
+        if (writes) {
+          copy_now(src_stream, "copy_d2d", dst_alias, src_alias);
+        }
         return dst;
       }
-      src_stream.enqueue([dst_alias, src_alias] { host_copy(dst_alias, src_alias); },
-          copy_task_us(nbytes), "copy_d2d");
+      src_stream.enqueue(copy_task(dst_alias, src_alias), copy_task_us(nbytes), "copy_d2d");
       return dst;
     }
     // Cross-device: a two-way barrier so that no one touches dst during the
     // copy and dst's stream sees the result (CUDA's copy_device_to_device).
     NpuStream& dst_stream = current_stream(dst.device().index());
     stream_wait_stream(src_stream, dst_stream);
-    src_stream.enqueue([dst_alias, src_alias] { host_copy(dst_alias, src_alias); },
-        link_task_us(nbytes), "copy_peer");
+    src_stream.enqueue(copy_task(dst_alias, src_alias), link_task_us(nbytes), "copy_peer");
     stream_wait_stream(dst_stream, src_stream);
     return dst;
   }
@@ -195,7 +205,9 @@ at::Tensor copy_from(const at::Tensor& src, const at::Tensor& dst, bool non_bloc
   NpuStream& stream = current_stream((dst_npu ? dst : src).device().index());
   if (copy_on_the_host_now(stream, nbytes)) {
     // Done before the call returns: no staging needed.
-    copy_now(stream, dst_npu ? "copy_h2d" : "copy_d2h", dst_alias, cpu_alias(src));
+    if (writes) {
+      copy_now(stream, dst_npu ? "copy_h2d" : "copy_d2h", dst_alias, cpu_alias(src));
+    }
     return dst;
   }
   const bool host_waits = host_must_wait(dst, non_blocking);
@@ -204,9 +216,8 @@ at::Tensor copy_from(const at::Tensor& src, const at::Tensor& dst, bool non_bloc
     // it (Note [Capture-time refusals]).
     stream.capture()->refuse_host_wait(stream, dst_npu ? "copy_h2d" : "copy_d2h");
   }
-  at::Tensor src_alias = dst_npu && non_blocking ? stage_pageable_sources({src})[0] : cpu_alias(src);
-  stream.enqueue([dst_alias, src_alias] { host_copy(dst_alias, src_alias); }, copy_task_us(nbytes),
-      dst_npu ? "copy_h2d" : "copy_d2h");
+  at::Tensor src_alias = dst_npu && non_blocking && writes ? stage_pageable_sources({src})[0] : cpu_alias(src);
+  stream.enqueue(copy_task(dst_alias, src_alias), copy_task_us(nbytes), dst_npu ? "copy_h2d" : "copy_d2h");
   if (host_waits) {
     stream.synchronize();
   }

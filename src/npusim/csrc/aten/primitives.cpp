@@ -2,6 +2,7 @@
 
 #include "host_transfer.h"
 #include "../runtime/device_allocator.h"
+#include "../runtime/plan_mode.h"
 #include "../runtime/stream.h"
 #include "../runtime/timing.h"
 
@@ -45,9 +46,11 @@ c10::DeviceIndex check_batch(const char* op, const std::vector<at::Tensor>& dsts
   return device;
 }
 
+// A host<->device pair's bytes; in plan mode only those bound for the host
+// (Note [Plan mode]: device memory is never written).
 void raw_copy(const at::Tensor& dst, const at::Tensor& src) {
   const size_t n = byte_size(src);
-  if (n > 0) {
+  if (n > 0 && (device_computes() || dst.is_cpu())) {
     std::memcpy(dst.data_ptr(), src.data_ptr(), n);
   }
 }
@@ -87,6 +90,9 @@ void launch_chunk(NpuStream& stream, const c10::Device device, at::TensorList ds
   }
   stream.enqueue(
       [spans = std::move(spans), general = std::move(general)] {
+        if (!device_computes()) {
+          return;  // Note [Plan mode]
+        }
         for (const Span& span : spans) {
           std::memmove(span.dst, span.src, span.nbytes);
         }

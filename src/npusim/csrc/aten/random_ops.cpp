@@ -10,6 +10,7 @@
 // state]), so each replay draws fresh numbers.
 #include "generator.h"
 #include "../runtime/stream.h"
+#include "../runtime/plan_mode.h"
 #include "host_transfer.h"
 #include "intraop_threads.h"
 #include "launch/op_launch.h"
@@ -127,6 +128,9 @@ void run_random_op(c10::DeviceIndex device, int64_t numel, const RandomLaunch& l
     return;
   }
   stream.enqueue([state = launch.state, numel, fill = std::move(fill)] {
+    if (!device_computes()) {
+      return;  // Note [Plan mode]: the draws are taken (the offset advanced), not written
+    }
     apply_user_intraop_threads(numel, /*pointwise=*/true);  // element i comes from block offset + i
     fill(state.unpack());
   }, 0.0, launch.op);

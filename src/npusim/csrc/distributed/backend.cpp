@@ -8,6 +8,7 @@
 #include <ATen/record_function.h>
 #include <c10/util/Exception.h>
 
+#include <algorithm>
 #include <utility>
 
 namespace npusim::dist {
@@ -184,8 +185,30 @@ std::string ProcessGroupNpu::describe(const char* op, c10::DeviceIndex device) c
   return c10::str(name_, " ", op, " on npu:", static_cast<int>(device), " (rank ", rank_, " of ", size_, ")");
 }
 
+// Note [A planned world]
+// `npusim plan --world-size N` runs one rank of an SPMD job alone (Note [Plan
+// mode] in runtime/plan_mode.cpp): the other N-1 ranks are not processes, so
+// its groups have no inner gloo group and a collective has no one to move
+// data with. It is launched and priced as in a world that computes (the
+// collective waits for its inputs on the current stream, takes the
+// algorithm's chip time for the group's size and the ranks' placement on
+// nodes, completes its Work and frees in stream order), and moves nothing:
+// its outputs keep what they hold, which in plan mode is zeros. The start of
+// a collective is this rank's alone: with the ranks of an SPMD job in step,
+// the latest rank's inputs are ready when this one's are. A point-to-point
+// transfer completes as a collective does. Subgroups (new_group,
+// split_group, DeviceMesh) are planned groups of the same world.
 c10::intrusive_ptr<c10d::Work> ProcessGroupNpu::launch(Launch&& l) {
   const CoreApi& api = core();
+  if (!gloo_) {  // Note [A planned world]: no peer to move data with
+    l.run = [] {};
+    l.post = nullptr;
+  } else if (!l.post && !api.device_computes()) {
+    // Note [Plan mode]: the ranks still agree on the start; the data (zeros)
+    // is not moved. A point-to-point transfer still moves its bytes: its
+    // completion is the peer's send, which the chip clock needs.
+    l.run = [] {};
+  }
   RECORD_FUNCTION(c10::str("npusim::hccl:", l.op), std::vector<c10::IValue>());
   const std::string what = describe(l.op, l.device);
   auto work = c10::make_intrusive<NpuWork>(rank_, l.type, l.device, l.outputs, l.host_blocking, what);
@@ -207,7 +230,7 @@ c10::intrusive_ptr<c10d::Work> ProcessGroupNpu::launch(Launch&& l) {
     TORCH_CHECK(l.peer < size_, what, ": peer rank ", l.peer, " is not in the group of ", size_);
     job.duration_us = api.collective_us(l.op, l.bytes,
         l.peer >= 0 ? std::vector<int>{global_ranks_[rank_], global_ranks_[l.peer]} : global_ranks_);
-    if (!l.post && size_ > 1) {
+    if (!l.post && l.peer < 0 && size_ > 1 && gloo_) {
       job.agree_start = [gloo = gloo_](double ready_us) {
         std::vector<at::Tensor> latest{at::full({1}, ready_us, at::kDouble)};
         c10d::AllreduceOptions max;
@@ -254,12 +277,22 @@ c10::intrusive_ptr<c10d::Work> ProcessGroupNpu::launch(Launch&& l) {
 
 c10::intrusive_ptr<c10d::Backend> ProcessGroupNpu::split(const c10::intrusive_ptr<c10d::Store>& store,
     const std::vector<int>& ranks, const c10::intrusive_ptr<Options>& opts) {
+  const auto timeout = opts ? opts->timeout : options_->timeout;
+  if (!gloo_) {  // Note [A planned world]: a planned child of the same world
+    const auto self = std::find(ranks.begin(), ranks.end(), global_ranks_[rank_]);
+    if (self == ranks.end()) {
+      return nullptr;
+    }
+    auto child = c10::make_intrusive<ProcessGroupNpu>(nullptr, static_cast<int>(self - ranks.begin()),
+        static_cast<int>(ranks.size()), timeout, name_, std::vector<int>(ranks.begin(), ranks.end()));
+    child->setBoundDeviceId(getBoundDeviceId());
+    return child;
+  }
   // gloo's split reads its own options type: give it the inner group's.
   auto gloo = gloo_->split(store, ranks, gloo_->getBackendOptions());
   if (!gloo) {
     return nullptr;  // this rank is not in `ranks`
   }
-  const auto timeout = opts ? opts->timeout : options_->timeout;
   gloo->setTimeout(timeout);
   std::vector<int> child_ranks(ranks.begin(), ranks.end());  // split_group's ranks are global ones
   auto child = c10::make_intrusive<ProcessGroupNpu>(gloo, gloo->getRank(), gloo->getSize(), timeout, name_,

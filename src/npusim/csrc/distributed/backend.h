@@ -21,7 +21,9 @@ struct NpuOptions : c10d::Backend::Options {
 
 class ProcessGroupNpu final : public c10d::Backend {
  public:
-  // `gloo` is a ProcessGroupGloo of the same ranks on its own store prefix.
+  // `gloo` is a ProcessGroupGloo of the same ranks on its own store prefix;
+  // null in a planned world, where this process is the one rank that runs
+  // (Note [A planned world]).
   // global_ranks: the group's ranks in the default group, in group-rank order
   // (the chip clock prices collectives by where they are: Note [Chip clock]).
   ProcessGroupNpu(c10::intrusive_ptr<c10d::Backend> gloo, int rank, int size,
@@ -44,10 +46,12 @@ class ProcessGroupNpu final : public c10d::Backend {
   c10::intrusive_ptr<c10d::Backend> split(const c10::intrusive_ptr<c10d::Store>& store,
       const std::vector<int>& ranks, const c10::intrusive_ptr<Options>& opts) override;
   void setSequenceNumberForGroup() override {
-    gloo_->setSequenceNumberForGroup();
+    if (gloo_) {
+      gloo_->setSequenceNumberForGroup();
+    }
   }
   uint64_t getSequenceNumberForGroup() override {
-    return gloo_->getSequenceNumberForGroup();
+    return gloo_ ? gloo_->getSequenceNumberForGroup() : 0;
   }
   // Plain device memory: there is no registered comm pool to draw from.
   at::Tensor allocateTensor(long size, at::TensorOptions options = {}) override;

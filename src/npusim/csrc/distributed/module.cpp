@@ -59,4 +59,12 @@ PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
       },
       py::arg("gloo"), py::arg("rank"), py::arg("size"), py::arg("timeout_ms"), py::arg("name"),
       py::arg("global_ranks"));
+  // A group of a planned world (Note [A planned world]): no inner gloo group, nothing moved.
+  m.def("create_planned_backend",
+      [](int rank, int size, int64_t timeout_ms, const std::string& name,
+          std::vector<int> global_ranks) -> c10::intrusive_ptr<ProcessGroupNpu> {
+        return c10::make_intrusive<npusim::dist::ProcessGroupNpu>(
+            nullptr, rank, size, std::chrono::milliseconds(timeout_ms), name, std::move(global_ranks));
+      },
+      py::arg("rank"), py::arg("size"), py::arg("timeout_ms"), py::arg("name"), py::arg("global_ranks"));
 }

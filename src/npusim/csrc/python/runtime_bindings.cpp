@@ -5,6 +5,7 @@
 #include "../runtime/core_api.h"
 #include "../runtime/device.h"
 #include "../runtime/device_allocator.h"
+#include "../runtime/plan_mode.h"
 #include "../runtime/host_allocator.h"
 #include "../runtime/host_wait.h"
 #include "../runtime/stream.h"
@@ -147,6 +148,7 @@ const npusim::CoreApi& core_api_table() {
       &npusim::task_or_host_now,
       &npusim::note_task_span,
       &collective_us,
+      &npusim::device_computes,
   };
   return table;
 }
@@ -270,6 +272,9 @@ void init_runtime_bindings(py::module& m) {
   // recorded as a task that calls it when the graph is replayed (Note [Compiled
   // code in an npu graph]).
   m.def("launch_host_kernel", [](int device, py::object fn, py::tuple args) {
+    if (!npusim::device_computes()) {
+      return;  // Note [Plan mode]: a compiled kernel writes device memory only
+    }
     NpuStream& s = npusim::current_stream(static_cast<c10::DeviceIndex>(device));
     if (s.capture() != nullptr) {
       auto call = python_call(std::move(fn), std::move(args));
@@ -283,6 +288,10 @@ void init_runtime_bindings(py::module& m) {
     const npusim::KeepSubnormals keep_subnormals;  // a device kernel: Note [Subnormals on npu]
     fn(*args);
   });
+
+  // plan mode (Note [Plan mode])
+  m.def("set_plan_mode", &npusim::set_plan_mode);
+  m.def("device_computes", &npusim::device_computes);
 
   // timing model
   m.def("set_timing_model", [](double copy_gbps, double launch_us, double link_gbps) {

@@ -26,7 +26,7 @@ class NpuStream;
 struct FenceCounter;
 struct TaskProfile;
 
-constexpr uint32_t kCoreApiVersion = 5;
+constexpr uint32_t kCoreApiVersion = 6;
 constexpr const char* kCoreApiCapsule = "npusim.core_api";
 
 struct CoreApi {
@@ -71,6 +71,8 @@ struct CoreApi {
   // A collective's chip time: `op` (torch.distributed's name) moving `bytes`
   // among the group's global ranks (the timing model's collective cost).
   double (*collective_us)(const std::string& op, size_t bytes, const std::vector<int>& ranks);
+  // False in plan mode: a collective moves no data (plan_mode.h, Note [Plan mode]).
+  bool (*device_computes)();
 };
 
 }  // namespace npusim

@@ -2,6 +2,8 @@
 // and whether the host can give another one.
 #include "host_memory.h"
 
+#include "plan_mode.h"
+
 #include <fcntl.h>
 #include <sys/mman.h>
 #include <unistd.h>
@@ -152,7 +154,9 @@ void* map_segment(size_t nbytes) {
       return nullptr;  // as mmap's ENOMEM
     }
   }
-  void* ptr = ::mmap(nullptr, nbytes, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS, -1, 0);
+  // Plan mode's segments are never written (Note [Plan mode]): no swap is reserved for them.
+  const int flags = MAP_PRIVATE | MAP_ANONYMOUS | (device_computes() ? 0 : MAP_NORESERVE);
+  void* ptr = ::mmap(nullptr, nbytes, PROT_READ | PROT_WRITE, flags, -1, 0);
   if (ptr == MAP_FAILED) {
     return nullptr;
   }
@@ -177,7 +181,7 @@ HostHeadroom host_headroom(size_t nbytes) {
   }
   HostHeadroom h;
   h.margin = margin_locked(p);
-  if (h.margin == 0) {
+  if (h.margin == 0 || !device_computes()) {  // off, or plan mode's pages are never backed
     return h;  // the check is off
   }
   const auto fits = [&] {

@@ -9,6 +9,7 @@
 #include "../runtime/event.cpp"
 #include "../runtime/device_profiler.cpp"
 #include "../runtime/host_memory.cpp"
+#include "../runtime/plan_mode.cpp"
 #include "../runtime/device_cache.cpp"
 #include "../runtime/private_pools.cpp"
 #include "../runtime/device_allocator.cpp"

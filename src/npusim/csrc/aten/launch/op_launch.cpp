@@ -1,5 +1,6 @@
 // The launch of a fallback op as a stream task: see op_launch.h.
 #include "op_launch.h"
+#include "../../runtime/plan_mode.h"
 
 #include "boxed_launch.h"
 #include "launch_scan.h"
@@ -119,6 +120,9 @@ constexpr int64_t kHostComputeMaxElements = 1 << 14;
 bool compute_on_the_host_now(const NpuStream& stream, int64_t numel) {
   if (!launch_blocking() && torch::autograd::get_current_node() != nullptr) {
     return false;  // Note [No compute on the host in a backward pass]
+  }
+  if (!device_computes()) {
+    return false;  // a task that computes nothing (Note [Plan mode])
   }
   return done_on_the_host_now(stream) && compute_cost_hook() == nullptr &&
       (launch_blocking() || numel <= kHostComputeMaxElements);

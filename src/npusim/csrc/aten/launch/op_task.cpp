@@ -1,5 +1,6 @@
 // A launched op's task, run by the stream worker: see op_task.h.
 #include "op_task.h"
+#include "../../runtime/plan_mode.h"
 
 #include "../host_transfer.h"
 #include "../intraop_threads.h"
@@ -74,6 +75,9 @@ int64_t foreach_results_in_place_runs() {
 }
 
 void OpTask::run() const {
+  if (!device_computes()) {
+    return;  // Note [Plan mode]
+  }
   const KernelScope scope(*this);
   TaskAliases aliases(*this);
   if (per_tensor_out != nullptr) {

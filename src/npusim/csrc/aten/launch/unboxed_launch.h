@@ -9,6 +9,7 @@
 #include "launch_args.h"
 #include "../op_traits.h"
 #include "../../runtime/stream.h"
+#include "../../runtime/plan_mode.h"
 #include "../intraop_threads.h"
 
 #include <ATen/core/Tensor.h>
@@ -200,6 +201,9 @@ struct UnboxedTask : TaskTensors {
   const char* name = nullptr;
 
   void run() const {
+    if (!device_computes()) {
+      return;  // Note [Plan mode]
+    }
     const KernelScope scope(*this);
     TaskAliases aliases(*this);
     const c10::DispatchKeySet cpu_keys(c10::DispatchKey::CPU);
