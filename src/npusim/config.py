@@ -50,6 +50,8 @@ VARIABLES: dict[str, Variable] = {v.name: v for v in (
     Variable("NPUSIM_FOREACH_COPY_MODE", "aligned", "aligned or legacy (the _foreach_copy_ kernel before the change)"),
     Variable("NPUSIM_COMPUTE", "real",
              "real, or plan: ops launch, allocate and take chip time but compute nothing (npusim plan)"),
+    Variable("NPUSIM_PLANNED_WORLD", "0",
+             "1: this process is the one rank of its world that runs (npusim plan); hccl groups move no data"),
     Variable("NPUSIM_LAUNCH_BLOCKING", "0", "1: every device task completes before its launch returns"),
     Variable("NPUSIM_MAX_PENDING_LAUNCHES", "1024",
              "launches a stream may have pending before the next one waits (like CUDA's launch queue)"),
@@ -394,6 +396,15 @@ def launch_blocking() -> bool:
 def plan_mode() -> bool:
     """``NPUSIM_COMPUTE`` is ``plan``: the device computes nothing (Note [Plan mode])."""
     return parse_choice(env("NPUSIM_COMPUTE"), "NPUSIM_COMPUTE", ("real", "plan")) == "plan"
+
+
+def planned_world() -> bool:
+    """``NPUSIM_PLANNED_WORLD``: one rank stands for its world (Note [A planned world]); plan mode only."""
+    planned = parse_bool(env("NPUSIM_PLANNED_WORLD"), "NPUSIM_PLANNED_WORLD")
+    if planned and not plan_mode():
+        raise fail("NPUSIM_PLANNED_WORLD", "0 unless NPUSIM_COMPUTE=plan (a rank alone cannot compute a "
+                   "collective's result)", env("NPUSIM_PLANNED_WORLD"))
+    return planned
 
 
 def max_pending_launches() -> int:

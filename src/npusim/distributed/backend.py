@@ -21,6 +21,7 @@ from typing import Any
 import torch.distributed as dist
 from torch._C._distributed_c10d import Backend as C10dBackend
 
+from npusim import config
 from npusim._build import load_extension
 from npusim._device import INTERRUPTED_EXIT_WAIT_S, exiting_on_interrupt, synchronize_all_at_exit
 from npusim.runtime import acl
@@ -139,10 +140,13 @@ def create_backend(dist_options: Any, pg_options: C10dBackend.Options | None) ->
         pg_options.group_id = dist_options.group_id
     store, rank, size, timeout = (dist_options.store, dist_options.group_rank, dist_options.group_size,
                                   dist_options.timeout)
+    global_ranks = list(dist_options.global_ranks_in_group) or list(range(size))
+    if config.planned_world():  # one rank stands for the world: Note [A planned world] in backend.cpp
+        return load().create_planned_backend(rank, size, int(timeout.total_seconds() * 1000), BACKEND_NAME,
+                                             global_ranks)
     # A prefix of its own keeps the inner gloo group's rendezvous keys apart
     # from those of a "cpu:gloo" backend created on the same store.
     gloo = dist.ProcessGroupGloo(dist.PrefixStore("npusim_gloo/", store), rank, size, timeout)
-    global_ranks = list(dist_options.global_ranks_in_group) or list(range(size))
     return load().create_backend(gloo, rank, size, int(timeout.total_seconds() * 1000), BACKEND_NAME, global_ranks)
 
 

@@ -71,9 +71,10 @@ def format_table(reports: list[dict[str, Any]]) -> str:
 def print_table(report: dict[str, Any], options: Any, rank: int) -> None:
     """Rank 0 prints the table of all ranks it can read (its own if none other) and writes OUT/report.json
     with all of them when the world has several ranks; other ranks print nothing."""
-    if rank != 0:
+    from npusim.plan.session import lead_rank, read_rank_reports
+
+    if rank != lead_rank(options):
         return
-    from npusim.plan.session import read_rank_reports
 
     reports = [report]
     world = report["world_size"]

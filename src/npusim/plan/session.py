@@ -96,9 +96,14 @@ def run_id() -> str:
     return f"{socket.gethostname()}:{os.getpid()}"
 
 
-def _say(rank: int, text: str, mode: str = "report") -> None:
-    if rank == 0:
-        print(f"npusim {mode}: {text}", file=sys.stderr, flush=True)
+def lead_rank(options: ReportOptions) -> int:
+    """The rank that prints progress and the table: 0, or the first rank plan mode runs."""
+    return options.ranks[0] if options.ranks else 0
+
+
+def _say(rank: int, text: str, options: ReportOptions) -> None:
+    if rank == lead_rank(options):
+        print(f"npusim {options.mode}: {text}", file=sys.stderr, flush=True)
 
 
 def start_chip_clock(spec: str | None) -> Any:
@@ -137,11 +142,11 @@ def run_with_report(job: Callable[[], int], options: ReportOptions) -> int:
             for older in [s for s in segments_at_end if s != step and s != options.step]:
                 del segments_at_end[older]
         _say(rank, f"step {step} done (host at {host_us / 1e3:.3f} ms chip time, "
-                   f"{torch.npu.memory_allocated() / 2**20:.1f} MiB allocated)", options.mode)
+                   f"{torch.npu.memory_allocated() / 2**20:.1f} MiB allocated)", options)
 
     tracker = StepTracker(on_step=on_step, count_flops=options.flops)
     prof = profile(activities=[ProfilerActivity.CPU, ProfilerActivity.PrivateUse1], profile_memory=True)
-    _say(rank, f"running {' '.join(options.command)} with the chip clock on ({model}); world {world}", options.mode)
+    _say(rank, f"running {' '.join(options.command)} with the chip clock on ({model}); world {world}", options)
     prof.start()
     tracker.install()
     failure: BaseException | None = None

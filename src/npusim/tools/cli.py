@@ -14,6 +14,7 @@ COMMANDS: dict[str, tuple[str, str]] = {
     "audit": ("npusim.tools.audit", "list FSDP2 functions and kernels replaced in this process"),
     "run": ("npusim.tools.run", "run a torch_npu script unmodified (import torch_npu gives npusim)"),
     "report": ("npusim.tools.report", "one step's memory and chip time per rank, for a script run as by run"),
+    "plan": ("npusim.tools.plan", "the report of run without computing: N ranks' memory and chip-time step, any size"),
     "fuzz": ("npusim.tools.fuzz", "copy_ / _foreach_copy_ on the npu against CPU, generated cases"),
     "timeline": ("npusim.tools.timeline", "one FSDP2 step per kernel mode as a stream timeline picture"),
     "conformance": ("npusim.tools.conformance", "run PyTorch's OpInfo ops on npu and on CPU and compare"),

@@ -166,8 +166,8 @@ at::Tensor copy_from(const at::Tensor& src, const at::Tensor& dst, bool non_bloc
       "copy_: npusim copies between npu and cpu only, got ", src.device(), " -> ", dst.device());
   const size_t nbytes = byte_size(dst);
   at::Tensor dst_alias = cpu_alias(dst);
-  // Note [Plan mode]: a copy into npu memory writes nothing; it keeps its place on the stream and its time.
-  const bool writes = device_computes() || !dst_npu;
+  // Note [Plan mode]: a large copy into npu memory writes nothing; it keeps its place on the stream and its time.
+  const bool writes = !dst_npu || work_runs(nbytes);
   const auto copy_task = [writes](at::Tensor to, at::Tensor from) {
     return [writes, to = std::move(to), from = std::move(from)] {
       if (writes) {

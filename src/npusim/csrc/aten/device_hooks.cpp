@@ -195,7 +195,7 @@ void resize_storage_bytes(const c10::Storage& storage, size_t newsize) {
   const size_t old_size = impl->nbytes();
   c10::DataPtr fresh = allocate_device(device, newsize);
   const size_t keep = std::min(old_size, newsize);
-  if (keep > 0 && device_computes()) {  // plan mode writes no device memory: Note [Plan mode]
+  if (keep > 0 && work_runs(keep)) {  // plan mode writes no large work: Note [Plan mode]
     // Queued work may still write the old bytes: they are copied in stream order.
     void* const dst = fresh.get();
     const void* const src = impl->data();

@@ -50,7 +50,7 @@ c10::DeviceIndex check_batch(const char* op, const std::vector<at::Tensor>& dsts
 // (Note [Plan mode]: device memory is never written).
 void raw_copy(const at::Tensor& dst, const at::Tensor& src) {
   const size_t n = byte_size(src);
-  if (n > 0 && (device_computes() || dst.is_cpu())) {
+  if (n > 0 && (dst.is_cpu() || work_runs(n))) {
     std::memcpy(dst.data_ptr(), src.data_ptr(), n);
   }
 }
@@ -90,14 +90,15 @@ void launch_chunk(NpuStream& stream, const c10::Device device, at::TensorList ds
   }
   stream.enqueue(
       [spans = std::move(spans), general = std::move(general)] {
-        if (!device_computes()) {
-          return;  // Note [Plan mode]
-        }
         for (const Span& span : spans) {
-          std::memmove(span.dst, span.src, span.nbytes);
+          if (work_runs(span.nbytes)) {  // Note [Plan mode]
+            std::memmove(span.dst, span.src, span.nbytes);
+          }
         }
         for (const auto& [dst, src] : general) {
-          host_copy(dst, src);
+          if (work_runs(byte_size(dst))) {
+            host_copy(dst, src);
+          }
         }
       },
       copy_task_us(nbytes), "foreach_copy");

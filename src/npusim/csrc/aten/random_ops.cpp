@@ -121,14 +121,14 @@ void philox_write_dense(scalar_t* out, int64_t numel, const PhiloxInputs& in, co
 // (Note [Compute on the stream]), which in a capture reads the graph-safe
 // state when it runs. `fill` is copied into the task.
 template <typename Fill>
-void run_random_op(c10::DeviceIndex device, int64_t numel, const RandomLaunch& launch, Fill fill) {
+void run_random_op(c10::DeviceIndex device, int64_t numel, size_t device_bytes, const RandomLaunch& launch, Fill fill) {
   NpuStream& stream = current_stream(device);
   if (compute_on_the_host_now(stream, numel)) {
     fill(launch.state.unpack());
     return;
   }
-  stream.enqueue([state = launch.state, numel, fill = std::move(fill)] {
-    if (!device_computes()) {
+  stream.enqueue([state = launch.state, numel, runs = work_runs(device_bytes), fill = std::move(fill)] {
+    if (!runs) {
       return;  // Note [Plan mode]: the draws are taken (the offset advanced), not written
     }
     apply_user_intraop_threads(numel, /*pointwise=*/true);  // element i comes from block offset + i
@@ -157,12 +157,12 @@ template <typename scalar_t, typename F>
 void philox_fill(const Tensor& self, const RandomLaunch& launch, F value) {
   const c10::DeviceIndex device = self.device().index();
   if (self.is_contiguous()) {
-    run_random_op(device, self.numel(), launch, [target = DeviceSpan<scalar_t>(self), value](const PhiloxInputs& in) {
+    run_random_op(device, self.numel(), self.numel() * sizeof(scalar_t), launch, [target = DeviceSpan<scalar_t>(self), value](const PhiloxInputs& in) {
       philox_write_dense(target.data, target.numel, in, value);
     });
     return;
   }
-  run_random_op(device, self.numel(), launch, [cpu = cpu_alias(self), value](const PhiloxInputs& in) {
+  run_random_op(device, self.numel(), self.numel() * sizeof(scalar_t), launch, [cpu = cpu_alias(self), value](const PhiloxInputs& in) {
     const Tensor dense = at::empty(cpu.sizes(), cpu.options());
     philox_write_dense(dense.data_ptr<scalar_t>(), cpu.numel(), in, value);
     host_copy(cpu, dense);
@@ -469,7 +469,7 @@ std::tuple<Tensor, Tensor> native_dropout(const Tensor& input, double p, std::op
   AT_DISPATCH_FLOATING_TYPES_AND2(at::kHalf, at::kBFloat16, input.scalar_type(), "native_dropout_npu", [&] {
     using opmath_t = at::opmath_type<scalar_t>;
     const auto scale = static_cast<opmath_t>(1.0 / keep);
-    run_random_op(input.device().index(), input.numel(), launch,
+    run_random_op(input.device().index(), input.numel(), input.numel() * (2 * sizeof(scalar_t) + 1), launch,
         [x = DeviceSpan<scalar_t>(input), out = DeviceSpan<scalar_t>(output), m = DeviceSpan<bool>(mask), keep,
          scale](const PhiloxInputs& in) {
           // all three contiguous, of one shape: element i of each is at offset i

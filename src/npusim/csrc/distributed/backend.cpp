@@ -203,10 +203,11 @@ c10::intrusive_ptr<c10d::Work> ProcessGroupNpu::launch(Launch&& l) {
   if (!gloo_) {  // Note [A planned world]: no peer to move data with
     l.run = [] {};
     l.post = nullptr;
-  } else if (!l.post && !api.device_computes()) {
-    // Note [Plan mode]: the ranks still agree on the start; the data (zeros)
-    // is not moved. A point-to-point transfer still moves its bytes: its
-    // completion is the peer's send, which the chip clock needs.
+  } else if (!l.post && !api.work_runs(l.bytes)) {
+    // Note [Plan mode]: the ranks still agree on the start; a large
+    // collective's data (zeros) is not moved. A point-to-point transfer still
+    // moves its bytes: its completion is the peer's send, which the chip
+    // clock needs.
     l.run = [] {};
   }
   RECORD_FUNCTION(c10::str("npusim::hccl:", l.op), std::vector<c10::IValue>());

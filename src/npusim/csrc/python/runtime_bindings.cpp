@@ -148,7 +148,7 @@ const npusim::CoreApi& core_api_table() {
       &npusim::task_or_host_now,
       &npusim::note_task_span,
       &collective_us,
-      &npusim::device_computes,
+      &npusim::work_runs,
   };
   return table;
 }

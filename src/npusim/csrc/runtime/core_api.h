@@ -71,8 +71,8 @@ struct CoreApi {
   // A collective's chip time: `op` (torch.distributed's name) moving `bytes`
   // among the group's global ranks (the timing model's collective cost).
   double (*collective_us)(const std::string& op, size_t bytes, const std::vector<int>& ranks);
-  // False in plan mode: a collective moves no data (plan_mode.h, Note [Plan mode]).
-  bool (*device_computes)();
+  // Whether work over `bytes` of device memory runs (plan_mode.h, Note [Plan mode]).
+  bool (*work_runs)(size_t bytes);
 };
 
 }  // namespace npusim

@@ -18,22 +18,30 @@ namespace npusim {
 // allocator's figures (allocated, reserved, peaks, fragmentation, OOM) and the
 // chip-time step are those of the run that computes, and the values are not.
 //
-// The rule for values: device memory is never written, so every byte of it
-// reads as zero. The device's segments are fresh anonymous mappings with
-// MAP_NORESERVE (no swap reserved for them), and a page never written is the
-// kernel's shared zero page when read, so a 64 GiB device costs the host only
-// the page tables of what is read. Skipped (each checks device_computes() when
-// it runs, so that a graph replay of them is skipped too): op tasks (the boxed
-// and the unboxed launch), copies whose destination is npu memory (host to
-// device, device to device, _foreach_copy_'s batches, a resize's copy), random
-// fills, inductor's compiled kernels, and the collectives' data movement (the
-// hccl backend of a planned world moves nothing). Kept, because they write
-// host memory only: copies from npu to the host, which copy the zeros. Ops
-// the host must run (.item(), data-dependent shapes, ops without a Meta
-// kernel) still run on the host, on the zeros: `.item()` of a loss reads 0.0,
-// `nonzero` finds nothing, and their outputs (small, host-sized) are the one
-// device memory plan mode writes. docs/PLAN.md says what zeros do to loss
-// scaling, gradient clipping and MoE routing.
+// The rule for values: work that touches more than kPlanComputeMaxBytes
+// (1 MiB) of device memory, inputs and outputs together, writes nothing, and
+// smaller work runs as it would. So the device's large tensors (weights,
+// activations, gradients, optimizer states, communication buffers) are never
+// written and read as zeros, while the small ones the host's control flow
+// reads (position ids, sequence lengths, index arithmetic, small masks, step
+// counters, the host's own small tensors copied in) hold the values a
+// computing run gives them, as far as they do not derive from large work:
+// a loss, the sum over a large tensor, reads 0.0. The device's segments are
+// fresh anonymous mappings with MAP_NORESERVE, and a page never written is
+// the kernel's shared zero page when read, so a 64 GiB device costs the host
+// only what small work writes: blocks of at most 1 MiB, the small pool's
+// (about the size of the small pool's segments, tens of MiB in a training
+// step). Each skip is decided when the work runs, so a graph replay skips
+// the same work: op tasks (the boxed and the unboxed launch, by their
+// tensors' logical bytes), copies by their destination's bytes
+// (_foreach_copy_ pair by pair, a resize's copy), random fills, and a
+// collective's data movement (the hccl backend of a planned world moves
+// nothing at all: Note [A planned world]); copies to the host always run.
+// inductor's compiled kernels never run in plan mode (their sizes are not
+// known here). Ops the host must run (.item(), data-dependent shapes, ops
+// without a Meta kernel) run on the host on whatever the device holds.
+// docs/PLAN.md says what this does to loss scaling, gradient clipping and MoE
+// routing.
 //
 // The switch is thrown before the first segment is mapped (the Python layer
 // reads NPUSIM_COMPUTE when npusim is imported): mapped pages of a computing

@@ -40,6 +40,17 @@ void TaskAliases::place(const at::Tensor& result, int32_t snapshot, const char* 
   }
 }
 
+bool TaskTensors::kernel_runs() const {
+  if (device_computes()) {
+    return true;
+  }
+  size_t bytes = 0;  // the tensors as the kernel sees them (a view's elements, not its storage's)
+  for (const TensorSnapshot& s : tensors) {
+    bytes += static_cast<size_t>(c10::multiply_integers(s.geometry.sizes)) * c10::elementSize(s.geometry.dtype);
+  }
+  return work_runs(bytes);
+}
+
 KernelScope::KernelScope(const TaskTensors& tensors) {
   int64_t largest = 0;  // a foreach op runs a kernel per tensor: the largest one tells the kernel's size
   if (tensors.pointwise) {  // only a pointwise kernel's team depends on its size (Note [A core for the host])
@@ -75,7 +86,7 @@ int64_t foreach_results_in_place_runs() {
 }
 
 void OpTask::run() const {
-  if (!device_computes()) {
+  if (!kernel_runs()) {
     return;  // Note [Plan mode]
   }
   const KernelScope scope(*this);

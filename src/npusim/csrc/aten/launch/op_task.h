@@ -37,6 +37,9 @@ struct TaskTensors {
   std::vector<TensorSnapshot> tensors;
   std::vector<at::Tensor> held;  // CPU scalars and indices, as the host saw them at launch
   bool pointwise = false;  // OpTraits::pointwise of the task's op
+
+  // Whether the task's kernel runs: always, except plan mode's large work (Note [Plan mode]).
+  bool kernel_runs() const;
 };
 
 // The CPU tensors of one run of a task, made on first use: snapshots of one

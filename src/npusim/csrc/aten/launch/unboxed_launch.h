@@ -9,7 +9,6 @@
 #include "launch_args.h"
 #include "../op_traits.h"
 #include "../../runtime/stream.h"
-#include "../../runtime/plan_mode.h"
 #include "../intraop_threads.h"
 
 #include <ATen/core/Tensor.h>
@@ -201,7 +200,7 @@ struct UnboxedTask : TaskTensors {
   const char* name = nullptr;
 
   void run() const {
-    if (!device_computes()) {
+    if (!this->kernel_runs()) {
       return;  // Note [Plan mode]
     }
     const KernelScope scope(*this);

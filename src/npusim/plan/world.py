@@ -1,0 +1,77 @@
+"""One rank standing for its world: the launcher's environment of a rank of an N-rank job, without the
+other N-1 processes (what ``npusim plan --world-size N`` runs).
+
+Note [Launching a planned world]
+~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~
+An SPMD script finds its world in torchrun's environment (RANK, WORLD_SIZE, LOCAL_RANK,
+LOCAL_WORLD_SIZE, GROUP_RANK, MASTER_ADDR / MASTER_PORT) and forms it with
+``init_process_group``. :func:`enter` gives the process that environment for rank ``rank`` of
+``world_size`` ranks placed ``ranks_per_node`` to a node, as torchrun gives it, and hosts the
+rendezvous store as torchrun's agent does (``TORCHELASTIC_USE_AGENT_STORE``: every rank is a client of
+a store the launcher holds, so no rank waits in the store for the others to join; PyTorch's own
+init_process_group then runs unchanged; its store-based barrier, which would wait for every rank, is
+off unless ``TORCH_DIST_INIT_BARRIER=1``, which :func:`enter` refuses). With
+``NPUSIM_PLANNED_WORLD=1`` the hccl backend's groups are planned groups (Note [A planned world] in
+csrc/distributed/backend.cpp): collectives are priced for the world's group sizes and node
+placement and move nothing, and DeviceMesh, FSDP2, TP and DTensor see the real world size.
+
+What cannot form in a planned world: a group of another backend that rendezvous with its peers (a
+``gloo`` CPU group: its ranks are not there), and what reads another rank's data (object collectives
+over the npu group read zeros). ``npusim plan --all-ranks`` runs every rank as a process instead.
+"""
+
+from __future__ import annotations
+
+import os
+from collections.abc import MutableMapping
+from typing import Any, NamedTuple
+
+__all__ = ["PlannedWorld", "enter"]
+
+
+class PlannedWorld(NamedTuple):
+    world_size: int
+    ranks_per_node: int
+    rank: int = 0
+
+    def check(self) -> None:
+        if self.world_size < 1:
+            raise ValueError(f"npusim plan: --world-size must be at least 1, got {self.world_size}")
+        if self.ranks_per_node < 1:
+            raise ValueError(f"npusim plan: --ranks-per-node must be at least 1, got {self.ranks_per_node}")
+        if not 0 <= self.rank < self.world_size:
+            raise ValueError(f"npusim plan: --rank must be in [0, {self.world_size}), got {self.rank}")
+
+
+def enter(world: PlannedWorld, environ: MutableMapping[str, str] = os.environ) -> Any:
+    """Makes this process rank ``world.rank`` of a planned world (Note [Launching a planned world]);
+    returns the rendezvous store it hosts, which must stay alive while the job runs."""
+    from torch.distributed import TCPStore
+
+    from npusim.runtime import acl
+
+    world.check()
+    for name in ("RANK", "WORLD_SIZE"):
+        if name in environ:
+            raise ValueError(f"npusim plan: {name} is set ({environ[name]!r}): under torchrun the world is "
+                             "torchrun's; --world-size plans a world without a launcher")
+    if environ.get("TORCH_DIST_INIT_BARRIER", "0") == "1":
+        raise ValueError("npusim plan: TORCH_DIST_INIT_BARRIER=1 makes init_process_group wait for every rank, "
+                         "and a planned world runs one; unset it")
+    local_ranks = min(world.ranks_per_node, world.world_size)
+    if local_ranks > acl.MAX_DEVICES:
+        raise ValueError(f"npusim plan: --ranks-per-node {world.ranks_per_node} is more than the {acl.MAX_DEVICES} "
+                         "devices a simulated node has")
+    if local_ranks > acl.device_count():
+        acl.set_device_count(local_ranks)
+        environ["NPUSIM_DEVICE_COUNT"] = str(local_ranks)
+    store = TCPStore("127.0.0.1", 0, is_master=True, wait_for_workers=False, use_libuv=True)
+    environ.update({
+        "RANK": str(world.rank), "WORLD_SIZE": str(world.world_size),
+        "LOCAL_RANK": str(world.rank % world.ranks_per_node), "LOCAL_WORLD_SIZE": str(local_ranks),
+        "GROUP_RANK": str(world.rank // world.ranks_per_node), "ROLE_RANK": str(world.rank),
+        "ROLE_WORLD_SIZE": str(world.world_size),
+        "MASTER_ADDR": "127.0.0.1", "MASTER_PORT": str(store.port), "TORCHELASTIC_USE_AGENT_STORE": "True",
+        "NPUSIM_RANKS_PER_NODE": str(world.ranks_per_node), "NPUSIM_PLANNED_WORLD": "1",
+    })
+    return store
