@@ -109,7 +109,14 @@ def run(args: argparse.Namespace) -> int:
     if int(os.environ.get("RANK", "0")) == (ranks[0] if ranks else 0):
         print(f"npusim plan: {BANNER}", file=sys.stderr, flush=True)
     options = report_tool.options_from(args, mode="plan")._replace(ranks=ranks)
+    import torch
+
     try:
         return run_with_report(lambda: run_tool.run(args), options)
+    except torch.OutOfMemoryError as error:  # the table above names the step, the phase and the allocations
+        print(f"npusim plan: rank {os.environ.get('RANK', '0')} does not fit its npu "
+              f"({torch.npu.get_device_properties().total_memory / 2**30:.1f} GiB): {str(error).splitlines()[0]}",
+              file=sys.stderr, flush=True)
+        return 1
     finally:
         del store

@@ -26,7 +26,10 @@ namespace npusim {
 // reads (position ids, sequence lengths, index arithmetic, small masks, step
 // counters, the host's own small tensors copied in) hold the values a
 // computing run gives them, as far as they do not derive from large work:
-// a loss, the sum over a large tensor, reads 0.0. The device's segments are
+// a loss, the sum over a large tensor, reads 0.0 (a skipped op's fresh
+// outputs of at most 1 MiB are cleared: their block may have held a small
+// tensor before; a skipped in-place op leaves its small argument as it was).
+// The device's segments are
 // fresh anonymous mappings with MAP_NORESERVE, and a page never written is
 // the kernel's shared zero page when read, so a 64 GiB device costs the host
 // only what small work writes: blocks of at most 1 MiB, the small pool's

@@ -10,6 +10,7 @@
 #include <c10/util/accumulate.h>
 
 #include <algorithm>
+#include <cstring>
 #include <atomic>
 
 namespace npusim {
@@ -51,6 +52,13 @@ bool TaskTensors::kernel_runs() const {
   return work_runs(bytes);
 }
 
+void TaskTensors::clear_output(int32_t snapshot) const {
+  const TensorSnapshot& s = tensors[static_cast<size_t>(snapshot)];
+  if (s.nbytes <= kPlanComputeMaxBytes) {  // a larger block is the large pool's, which only small work writes
+    std::memset(s.data, 0, s.nbytes);  // a fresh output owns its storage
+  }
+}
+
 KernelScope::KernelScope(const TaskTensors& tensors) {
   int64_t largest = 0;  // a foreach op runs a kernel per tensor: the largest one tells the kernel's size
   if (tensors.pointwise) {  // only a pointwise kernel's team depends on its size (Note [A core for the host])
@@ -86,8 +94,11 @@ int64_t foreach_results_in_place_runs() {
 }
 
 void OpTask::run() const {
-  if (!kernel_runs()) {
-    return;  // Note [Plan mode]
+  if (!kernel_runs()) {  // Note [Plan mode]
+    for (const FreshOutput& f : fresh) {
+      clear_output(f.snapshot);
+    }
+    return;
   }
   const KernelScope scope(*this);
   TaskAliases aliases(*this);

@@ -40,6 +40,9 @@ struct TaskTensors {
 
   // Whether the task's kernel runs: always, except plan mode's large work (Note [Plan mode]).
   bool kernel_runs() const;
+  // For a task whose kernel does not run: fresh output `snapshot` reads as
+  // zeros (its block may hold an earlier small tensor's values).
+  void clear_output(int32_t snapshot) const;
 };
 
 // The CPU tensors of one run of a task, made on first use: snapshots of one

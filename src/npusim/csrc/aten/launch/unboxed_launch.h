@@ -200,8 +200,11 @@ struct UnboxedTask : TaskTensors {
   const char* name = nullptr;
 
   void run() const {
-    if (!this->kernel_runs()) {
-      return;  // Note [Plan mode]
+    if (!this->kernel_runs()) {  // Note [Plan mode]
+      if (out >= 0) {
+        this->clear_output(out);
+      }
+      return;
     }
     const KernelScope scope(*this);
     TaskAliases aliases(*this);
