@@ -106,33 +106,55 @@ PLANNED_WORLD_SCRIPT = """
     gathered = torch.empty(8 << 20, device="npu")
     dist.all_gather_into_tensor(gathered, x, group=tp)
     small = torch.ones(4, device="npu")
-    dist.all_reduce(small)                                         # a planned world moves nothing
+    dist.all_reduce(small)                                         # small: every rank holds ones
+    pieces = torch.empty(8 * 3, device="npu")
+    dist.all_gather_into_tensor(pieces, torch.arange(3.0, device="npu"), group=tp)
+    cpu_group = dist.new_group(backend="gloo")                     # its peers are not there
+    cpu = torch.full((2,), 3.0)
+    dist.all_reduce(cpu, op=dist.ReduceOp.MAX, group=cpu_group)
+    objects = [None] * 32
+    dist.all_gather_object(objects, {"rank": dist.get_rank()})
+    if os.environ.get("CKPT"):  # DCP's plan comes from rank 0 (scatter_object_list): rank 0 plans it
+        import torch.distributed.checkpoint as dcp
+        dcp.save({"w": torch.ones(4, device="npu")}, checkpoint_id=os.environ["CKPT"])
     dist.barrier()
     torch.npu.synchronize()
     print(json.dumps({"rank": dist.get_rank(), "world": dist.get_world_size(), "tp": dist.get_world_size(tp),
                       "tp_rank": dist.get_rank(tp), "local_rank": int(os.environ["LOCAL_RANK"]),
                       "device": torch.npu.current_device(), "gathered": gathered.numel(),
-                      "small": small.cpu().tolist()}))
+                      "large": gathered[:2].cpu().tolist(), "small": small.cpu().tolist(),
+                      "pieces": pieces[:6].cpu().tolist(), "cpu": cpu.tolist(), "objects": objects[::31]}))
     dist.destroy_process_group()
 """
 
 
-def test_one_rank_stands_for_a_world_of_32(tmp_path: Path):
-    """--world-size 32 --ranks-per-node 8 --rank 13: the script sees torchrun's environment of rank 13
-    (node 1, local rank 5), a 2-D DeviceMesh forms, collectives complete, and nothing else runs."""
+def _plan_world_script(tmp_path: Path, rank: int, checkpoint: str = "") -> dict:
     script = tmp_path / "world.py"
     script.write_text(textwrap.dedent(PLANNED_WORLD_SCRIPT))
+    out = tmp_path / f"out{rank}"
     result = run_bounded([sys.executable, "-m", "npusim", "plan", "--world-size", "32", "--ranks-per-node", "8",
-                          "--rank", "13", "--no-flops", "--out", str(tmp_path / "out"), "--", str(script)], 180)
+                          "--rank", str(rank), "--no-flops", "--out", str(out), "--", str(script)], 180,
+                         env={**os.environ, "CKPT": checkpoint})
     assert result.returncode == 0, result.stderr[-4000:]
-    line = json.loads(re.search(r'\{"rank".*\}', result.stdout).group(0))
-    assert line == {"rank": 13, "world": 32, "tp": 8, "tp_rank": 5, "local_rank": 5, "device": 5,
-                    "gathered": 8 << 20, "small": [1.0] * 4}
     assert "values are not computed" in result.stderr
-    report = json.loads((tmp_path / "out" / "report.json").read_text())
-    assert [r["rank"] for r in report["ranks"]] == [13] and report["world_size"] == 32
-    assert report["ranks"][0]["mode"] == "plan"
-    assert report["ranks"][0]["time"]["communication_us"] > 0
+    report = json.loads((out / "report.json").read_text())
+    assert [r["rank"] for r in report["ranks"]] == [rank] and report["world_size"] == 32
+    assert report["ranks"][0]["mode"] == "plan" and report["ranks"][0]["time"]["communication_us"] > 0
+    return json.loads(re.search(r'\{"rank".*\}', result.stdout).group(0))
+
+
+def test_one_rank_stands_for_a_world_of_32(tmp_path: Path):
+    """--world-size 32 --ranks-per-node 8 --rank 13: the script sees torchrun's environment of rank 13
+    (node 1, local rank 5), a 2-D DeviceMesh and a gloo group form, collectives complete: a large one
+    moves nothing, small ones (npu and CPU, object collectives) give what they give when every rank holds
+    this rank's data; nothing else runs. Rank 0 also saves a DCP checkpoint (its planning collectives)."""
+    line = _plan_world_script(tmp_path, 13)
+    assert line == {"rank": 13, "world": 32, "tp": 8, "tp_rank": 5, "local_rank": 5, "device": 5,
+                    "gathered": 8 << 20, "large": [0.0, 0.0], "small": [32.0] * 4,
+                    "pieces": [0.0, 1.0, 2.0] * 2, "cpu": [3.0, 3.0], "objects": [{"rank": 13}] * 2}
+    line = _plan_world_script(tmp_path, 0, str(tmp_path / "ckpt"))
+    assert line["rank"] == 0 and line["tp_rank"] == 0 and line["objects"] == [{"rank": 0}] * 2
+    assert (tmp_path / "ckpt" / ".metadata").exists()
 
 
 @pytest.mark.parametrize("flags, message", [

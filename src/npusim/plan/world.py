@@ -15,9 +15,12 @@ off unless ``TORCH_DIST_INIT_BARRIER=1``, which :func:`enter` refuses). With
 csrc/distributed/backend.cpp): collectives are priced for the world's group sizes and node
 placement and move nothing, and DeviceMesh, FSDP2, TP and DTensor see the real world size.
 
-What cannot form in a planned world: a group of another backend that rendezvous with its peers (a
-``gloo`` CPU group: its ranks are not there), and what reads another rank's data (object collectives
-over the npu group read zeros). ``npusim plan --all-ranks`` runs every rank as a process instead.
+A ``gloo`` CPU group would wait for its peers to rendezvous, and they are not there: in a planned world
+torch.distributed makes its gloo groups as the planned groups' inner one (a MirrorBackend of
+csrc/distributed/mirror_backend.h, in ProcessGroupGloo's place in ``torch.distributed.distributed_c10d``,
+for this process only), so CPU collectives complete at once and compute as if every rank held this
+rank's data. A program whose ranks differ (pipeline stages, uneven experts) needs every rank:
+``npusim plan --all-ranks`` runs them as processes.
 """
 
 from __future__ import annotations
@@ -65,7 +68,12 @@ def enter(world: PlannedWorld, environ: MutableMapping[str, str] = os.environ) -
     if local_ranks > acl.device_count():
         acl.set_device_count(local_ranks)
         environ["NPUSIM_DEVICE_COUNT"] = str(local_ranks)
+    from torch.distributed import distributed_c10d
+
+    from npusim.distributed import backend
+
     store = TCPStore("127.0.0.1", 0, is_master=True, wait_for_workers=False, use_libuv=True)
+    distributed_c10d.ProcessGroupGloo = backend.load().PlannedGloo  # gloo groups of a planned world
     environ.update({
         "RANK": str(world.rank), "WORLD_SIZE": str(world.world_size),
         "LOCAL_RANK": str(world.rank % world.ranks_per_node), "LOCAL_WORLD_SIZE": str(local_ranks),

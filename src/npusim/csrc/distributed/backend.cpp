@@ -1,6 +1,7 @@
 #include "backend.h"
 
 #include "core_api_client.h"
+#include "mirror_backend.h"
 #include "../runtime/npu_type.h"
 #include "work.h"
 
@@ -173,6 +174,7 @@ ProcessGroupNpu::ProcessGroupNpu(c10::intrusive_ptr<c10d::Backend> gloo, int ran
     std::chrono::milliseconds timeout, std::string name, std::vector<int> global_ranks)
     : c10d::Backend(rank, size),
       gloo_(std::move(gloo)),
+      planned_(dynamic_cast<const MirrorBackend*>(gloo_.get()) != nullptr),
       options_(c10::make_intrusive<NpuOptions>(name, timeout)),
       name_(std::move(name)),
       global_ranks_(std::move(global_ranks)) {
@@ -192,18 +194,23 @@ std::string ProcessGroupNpu::describe(const char* op, c10::DeviceIndex device) c
 // data with. It is launched and priced as in a world that computes (the
 // collective waits for its inputs on the current stream, takes the
 // algorithm's chip time for the group's size and the ranks' placement on
-// nodes, completes its Work and frees in stream order), and moves nothing:
-// its outputs keep what they hold, which in plan mode is zeros. The start of
-// a collective is this rank's alone: with the ranks of an SPMD job in step,
-// the latest rank's inputs are ready when this one's are. A point-to-point
-// transfer completes as a collective does. Subgroups (new_group,
-// split_group, DeviceMesh) are planned groups of the same world.
+// nodes, completes its Work and frees in stream order). Its data follows
+// plan mode's rule (Note [Plan mode]): a collective over more than 1 MiB
+// moves nothing; a smaller one is computed by a MirrorBackend, which stands
+// in for the inner gloo group and takes every other rank to hold this rank's
+// data, as an SPMD job's ranks do: an all-gather repeats this rank's input,
+// a sum is the group's size times it, a max is itself. So the small
+// exchanges a job's control flow depends on (all_gather_object,
+// gather_object and the planning of torch.distributed.checkpoint, a
+// found-inf flag, the sizes of an all-to-all) give what they give when every
+// rank is alike; what only another rank holds (a broadcast or a scatter from
+// another root, a recv) leaves the outputs as they are. The start of a
+// collective is this rank's alone: with the ranks of an SPMD job in step,
+// the latest rank's inputs are ready when this one's are. Subgroups
+// (new_group, split_group, DeviceMesh) are planned groups of the same world.
 c10::intrusive_ptr<c10d::Work> ProcessGroupNpu::launch(Launch&& l) {
   const CoreApi& api = core();
-  if (!gloo_) {  // Note [A planned world]: no peer to move data with
-    l.run = [] {};
-    l.post = nullptr;
-  } else if (!l.post && !api.work_runs(l.bytes)) {
+  if (!l.post && !api.work_runs(l.bytes)) {
     // Note [Plan mode]: the ranks still agree on the start; a large
     // collective's data (zeros) is not moved. A point-to-point transfer still
     // moves its bytes: its completion is the peer's send, which the chip
@@ -231,7 +238,7 @@ c10::intrusive_ptr<c10d::Work> ProcessGroupNpu::launch(Launch&& l) {
     TORCH_CHECK(l.peer < size_, what, ": peer rank ", l.peer, " is not in the group of ", size_);
     job.duration_us = api.collective_us(l.op, l.bytes,
         l.peer >= 0 ? std::vector<int>{global_ranks_[rank_], global_ranks_[l.peer]} : global_ranks_);
-    if (!l.post && l.peer < 0 && size_ > 1 && gloo_) {
+    if (!l.post && l.peer < 0 && size_ > 1 && !planned_) {
       job.agree_start = [gloo = gloo_](double ready_us) {
         std::vector<at::Tensor> latest{at::full({1}, ready_us, at::kDouble)};
         c10d::AllreduceOptions max;
@@ -279,13 +286,15 @@ c10::intrusive_ptr<c10d::Work> ProcessGroupNpu::launch(Launch&& l) {
 c10::intrusive_ptr<c10d::Backend> ProcessGroupNpu::split(const c10::intrusive_ptr<c10d::Store>& store,
     const std::vector<int>& ranks, const c10::intrusive_ptr<Options>& opts) {
   const auto timeout = opts ? opts->timeout : options_->timeout;
-  if (!gloo_) {  // Note [A planned world]: a planned child of the same world
+  if (planned_) {  // Note [A planned world]: a planned child of the same world
     const auto self = std::find(ranks.begin(), ranks.end(), global_ranks_[rank_]);
     if (self == ranks.end()) {
       return nullptr;
     }
-    auto child = c10::make_intrusive<ProcessGroupNpu>(nullptr, static_cast<int>(self - ranks.begin()),
-        static_cast<int>(ranks.size()), timeout, name_, std::vector<int>(ranks.begin(), ranks.end()));
+    const int child_rank = static_cast<int>(self - ranks.begin());
+    const int child_size = static_cast<int>(ranks.size());
+    auto child = c10::make_intrusive<ProcessGroupNpu>(c10::make_intrusive<MirrorBackend>(child_rank, child_size),
+        child_rank, child_size, timeout, name_, std::vector<int>(ranks.begin(), ranks.end()));
     child->setBoundDeviceId(getBoundDeviceId());
     return child;
   }

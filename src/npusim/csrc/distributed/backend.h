@@ -21,9 +21,9 @@ struct NpuOptions : c10d::Backend::Options {
 
 class ProcessGroupNpu final : public c10d::Backend {
  public:
-  // `gloo` is a ProcessGroupGloo of the same ranks on its own store prefix;
-  // null in a planned world, where this process is the one rank that runs
-  // (Note [A planned world]).
+  // `gloo` is a ProcessGroupGloo of the same ranks on its own store prefix,
+  // or, in a planned world where this process is the one rank that runs, a
+  // MirrorBackend (Note [A planned world]).
   // global_ranks: the group's ranks in the default group, in group-rank order
   // (the chip clock prices collectives by where they are: Note [Chip clock]).
   ProcessGroupNpu(c10::intrusive_ptr<c10d::Backend> gloo, int rank, int size,
@@ -46,12 +46,10 @@ class ProcessGroupNpu final : public c10d::Backend {
   c10::intrusive_ptr<c10d::Backend> split(const c10::intrusive_ptr<c10d::Store>& store,
       const std::vector<int>& ranks, const c10::intrusive_ptr<Options>& opts) override;
   void setSequenceNumberForGroup() override {
-    if (gloo_) {
-      gloo_->setSequenceNumberForGroup();
-    }
+    gloo_->setSequenceNumberForGroup();
   }
   uint64_t getSequenceNumberForGroup() override {
-    return gloo_ ? gloo_->getSequenceNumberForGroup() : 0;
+    return gloo_->getSequenceNumberForGroup();
   }
   // Plain device memory: there is no registered comm pool to draw from.
   at::Tensor allocateTensor(long size, at::TensorOptions options = {}) override;
@@ -98,6 +96,7 @@ class ProcessGroupNpu final : public c10d::Backend {
   std::string describe(const char* op, c10::DeviceIndex device) const;
 
   const c10::intrusive_ptr<c10d::Backend> gloo_;
+  const bool planned_;  // gloo_ is a MirrorBackend: Note [A planned world]
   const c10::intrusive_ptr<NpuOptions> options_;
   const std::string name_;
   const std::vector<int> global_ranks_;

@@ -1,8 +1,10 @@
 // Python bindings of the npu collective backend (npusim_dist_C).
 #include "backend.h"
+#include "mirror_backend.h"
 #include "core_api_client.h"
 #include "../runtime/host_wait.h"
 
+#include <pybind11/chrono.h>
 #include <torch/csrc/utils/pybind.h>
 
 #include <atomic>
@@ -40,6 +42,7 @@ PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
     npusim::dist::set_core_api(api);
     npusim::set_host_wait_interrupt(api->host_wait_interrupt);  // Note [Interruptible host waits]
   });
+  using npusim::dist::MirrorBackend;
   using npusim::dist::NpuOptions;
   using npusim::dist::ProcessGroupNpu;
   // Registered so that Python sees the attributes split_group() reads.
@@ -59,12 +62,19 @@ PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
       },
       py::arg("gloo"), py::arg("rank"), py::arg("size"), py::arg("timeout_ms"), py::arg("name"),
       py::arg("global_ranks"));
-  // A group of a planned world (Note [A planned world]): no inner gloo group, nothing moved.
+  // A planned world's CPU group, in ProcessGroupGloo's place (plan/world.py): called as torch.distributed
+  // calls ProcessGroupGloo(store, rank, size, timeout=...).
+  py::class_<MirrorBackend, c10d::Backend, c10::intrusive_ptr<MirrorBackend>>(m, "PlannedGloo")
+      .def(py::init([](const c10::intrusive_ptr<c10d::Store>&, int rank, int size, std::chrono::milliseconds timeout) {
+        return c10::make_intrusive<MirrorBackend>(rank, size, timeout);
+      }), py::arg("store"), py::arg("rank"), py::arg("size"), py::arg("timeout") = std::chrono::minutes(30))
+      .def_property_readonly("options", &MirrorBackend::getBackendOptions);
+  // A group of a planned world (Note [A planned world]): a MirrorBackend for the inner gloo group.
   m.def("create_planned_backend",
       [](int rank, int size, int64_t timeout_ms, const std::string& name,
           std::vector<int> global_ranks) -> c10::intrusive_ptr<ProcessGroupNpu> {
-        return c10::make_intrusive<npusim::dist::ProcessGroupNpu>(
-            nullptr, rank, size, std::chrono::milliseconds(timeout_ms), name, std::move(global_ranks));
+        return c10::make_intrusive<npusim::dist::ProcessGroupNpu>(c10::make_intrusive<npusim::dist::MirrorBackend>(
+            rank, size), rank, size, std::chrono::milliseconds(timeout_ms), name, std::move(global_ranks));
       },
       py::arg("rank"), py::arg("size"), py::arg("timeout_ms"), py::arg("name"), py::arg("global_ranks"));
 }

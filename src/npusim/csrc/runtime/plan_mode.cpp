@@ -25,26 +25,28 @@ namespace npusim {
 // written and read as zeros, while the small ones the host's control flow
 // reads (position ids, sequence lengths, index arithmetic, small masks, step
 // counters, the host's own small tensors copied in) hold the values a
-// computing run gives them, as far as they do not derive from large work:
-// a loss, the sum over a large tensor, reads 0.0 (a skipped op's fresh
-// outputs of at most 1 MiB are cleared: their block may have held a small
-// tensor before; a skipped in-place op leaves its small argument as it was).
-// The device's segments are
-// fresh anonymous mappings with MAP_NORESERVE, and a page never written is
-// the kernel's shared zero page when read, so a 64 GiB device costs the host
-// only what small work writes: blocks of at most 1 MiB, the small pool's
-// (about the size of the small pool's segments, tens of MiB in a training
-// step). Each skip is decided when the work runs, so a graph replay skips
-// the same work: op tasks (the boxed and the unboxed launch, by their
-// tensors' logical bytes), copies by their destination's bytes
-// (_foreach_copy_ pair by pair, a resize's copy), random fills, and a
-// collective's data movement (the hccl backend of a planned world moves
-// nothing at all: Note [A planned world]); copies to the host always run.
-// inductor's compiled kernels never run in plan mode (their sizes are not
-// known here). Ops the host must run (.item(), data-dependent shapes, ops
-// without a Meta kernel) run on the host on whatever the device holds.
-// docs/PLAN.md says what this does to loss scaling, gradient clipping and MoE
-// routing.
+// computing run gives them, as far as they do not derive from large work: a
+// loss, the sum over a large tensor, reads 0.0 (a skipped op's fresh outputs
+// of at most 1 MiB are cleared, since their block may have held a small
+// tensor before; a skipped in-place op leaves its argument as it was).
+//
+// The device's segments are fresh anonymous mappings with MAP_NORESERVE, and
+// a page never written is the kernel's shared zero page when read, so a
+// 64 GiB device costs the host only what small work writes, mostly the small
+// pool's 2 MiB segments. Each skip is decided when the work runs, so a graph
+// replay skips the same work:
+//  - op tasks, boxed and unboxed, by their tensors' logical bytes;
+//  - copies into npu memory by their bytes (_foreach_copy_ pair by pair, a
+//    resize's copy); copies to the host always run;
+//  - random fills (the generator's offset still advances);
+//  - inductor's compiled kernels, by the npu tensors they are given (a
+//    skipped one's outputs keep what their blocks held);
+//  - a collective's data movement; in a planned world small collectives are
+//    computed as if every rank held this rank's data (Note [A planned
+//    world]).
+// Ops the host must run (.item(), data-dependent shapes, ops without a Meta
+// kernel) run on the host on whatever the device holds. docs/PLAN.md says
+// what this does to loss scaling, gradient clipping and MoE routing.
 //
 // The switch is thrown before the first segment is mapped (the Python layer
 // reads NPUSIM_COMPUTE when npusim is imported): mapped pages of a computing

@@ -2,3 +2,4 @@
 // npusim/_sources.py. Every .cpp of csrc/ is included by exactly one unit.
 #include "../distributed/comm_stream.cpp"
 #include "../distributed/work.cpp"
+#include "../distributed/mirror_backend.cpp"
