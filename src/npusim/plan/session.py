@@ -1,4 +1,4 @@
-"""Runs a job under the step report and writes it: the code ``npusim report`` runs, and plan mode will.
+"""Runs a job under the step report and writes it: the code ``npusim report`` and ``npusim plan`` run.
 
 Note [The step report]
 ~~~~~~~~~~~~~~~~~~~~~~

@@ -20,6 +20,7 @@ BENCHMARKS: dict[str, str] = {
     "rng": "npusim.bench.rng",  # host cost per random op, npu Philox generator vs CPU generator
     "sanitizer": "npusim.bench.sanitizer",  # FSDP2 step time with the stream race sanitizer off / on
     "allocator": "npusim.bench.allocator",  # what the caching allocator holds for varying sizes; its host cost
+    "plan": "npusim.bench.plan_scale",  # npusim plan of 8B over 64 ranks and 70B over 512: wall time, host RSS
 }
 
 

@@ -5,7 +5,7 @@ The script runs as ``npusim run`` runs it (``import torch_npu`` gives npusim; un
 npusim report -- script.py`` every rank does the same), with the chip clock on, under the step report
 of :mod:`npusim.plan` (Note [The step report] in plan/session.py): progress as steps end, then the
 table of every rank, and in ``--out`` report.json, memory.png, snapshot.pickle and trace.json (per rank
-in ``rank<r>/`` when the world has several). Plan mode will run the same report without computing.
+in ``rank<r>/`` when the world has several). ``npusim plan`` (tools/plan.py) runs the same report without computing.
 """
 
 from __future__ import annotations
