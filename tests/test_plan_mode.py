@@ -128,11 +128,12 @@ PLANNED_WORLD_SCRIPT = """
 """
 
 
-def _plan_world_script(tmp_path: Path, rank: int, checkpoint: str = "") -> dict:
+def _plan_world_script(tmp_path: Path, rank: int, checkpoint: str = "", launcher: list[str] | None = None) -> dict:
     script = tmp_path / "world.py"
     script.write_text(textwrap.dedent(PLANNED_WORLD_SCRIPT))
     out = tmp_path / f"out{rank}"
-    result = run_bounded([sys.executable, "-m", "npusim", "plan", "--world-size", "32", "--ranks-per-node", "8",
+    result = run_bounded([*(launcher or [sys.executable]), "-m", "npusim", "plan", "--world-size", "32",
+                          "--ranks-per-node", "8",
                           "--rank", str(rank), "--no-flops", "--out", str(out), "--", str(script)], 180,
                          env={**os.environ, "CKPT": checkpoint})
     assert result.returncode == 0, result.stderr[-4000:]
@@ -147,12 +148,13 @@ def test_one_rank_stands_for_a_world_of_32(tmp_path: Path):
     """--world-size 32 --ranks-per-node 8 --rank 13: the script sees torchrun's environment of rank 13
     (node 1, local rank 5), a 2-D DeviceMesh and a gloo group form, collectives complete: a large one
     moves nothing, small ones (npu and CPU, object collectives) give what they give when every rank holds
-    this rank's data; nothing else runs. Rank 0 also saves a DCP checkpoint (its planning collectives)."""
+    this rank's data; nothing else runs. Rank 0, planned from a one-process torchrun, also saves a DCP
+    checkpoint (its planning collectives)."""
     line = _plan_world_script(tmp_path, 13)
     assert line == {"rank": 13, "world": 32, "tp": 8, "tp_rank": 5, "local_rank": 5, "device": 5,
                     "gathered": 8 << 20, "large": [0.0, 0.0], "small": [32.0] * 4,
                     "pieces": [0.0, 1.0, 2.0] * 2, "cpu": [3.0, 3.0], "objects": [{"rank": 13}] * 2}
-    line = _plan_world_script(tmp_path, 0, str(tmp_path / "ckpt"))
+    line = _plan_world_script(tmp_path, 0, str(tmp_path / "ckpt"), launcher=torchrun_command([], 1))
     assert line["rank"] == 0 and line["tp_rank"] == 0 and line["objects"] == [{"rank": 0}] * 2
     assert (tmp_path / "ckpt" / ".metadata").exists()
 
@@ -204,3 +206,16 @@ def test_plan_of_a_small_fsdp2_llama_equals_its_real_run(tmp_path: Path):
     real_loss = float(re.search(r"step 3: loss (\S+)", real.stdout).group(1))
     plan_loss = float(re.search(r"step 3: loss (\S+)", plan.stdout).group(1))
     assert real_loss > 1.0 and plan_loss == 0.0
+
+
+def test_all_ranks_plans_every_rank_as_a_process(tmp_path: Path):
+    """--all-ranks --world-size 2: torchrun runs both ranks in plan mode; each writes its report, rank 0
+    prints the table of both, and the symmetric job gives both ranks the same peak and step."""
+    result = run_bounded([sys.executable, "-m", "npusim", "plan", "--all-ranks", "--world-size", "2", "--out",
+                          str(tmp_path), "--", str(LLAMA), *SMALL_LLAMA[:-1], "2"], 300)
+    assert result.returncode == 0, result.stderr[-4000:]
+    ranks = json.loads((tmp_path / "report.json").read_text())["ranks"]
+    assert [r["rank"] for r in ranks] == [0, 1] and all(r["mode"] == "plan" for r in ranks)
+    assert ranks[0]["memory"]["peak_allocated"] == ranks[1]["memory"]["peak_allocated"]
+    assert ranks[0]["time"]["step_us"] == ranks[1]["time"]["step_us"]
+    assert re.search(r"step 2: loss 0\.0000", result.stdout)

@@ -10,7 +10,8 @@ zeros and costs the host nothing), under the step report of ``npusim report`` (N
   ranks, ``--ranks-per-node`` to a node (Note [Launching a planned world] in plan/world.py).
 - ``--all-ranks``: every rank of the world runs as a process (torchrun on this machine), for programs
   whose ranks differ (pipeline stages, uneven experts).
-- Under torchrun (``torchrun ... -m npusim plan -- script.py``) every rank of torchrun's world plans.
+- Under torchrun (``torchrun ... -m npusim plan -- script.py``) every rank of torchrun's world plans; a
+  single torchrun process given ``--world-size N`` stands for a world of N as above.
 """
 
 from __future__ import annotations
@@ -22,6 +23,9 @@ import sys
 
 from npusim.tools import report as report_tool
 
+# What torchrun tells a rank about its world, replaced by a planned world's (plan/world.py).
+TORCHRUN_WORLD = ("RANK", "WORLD_SIZE", "LOCAL_RANK", "LOCAL_WORLD_SIZE", "GROUP_RANK", "GROUP_WORLD_SIZE",
+                  "ROLE_RANK", "ROLE_WORLD_SIZE", "MASTER_ADDR", "MASTER_PORT", "TORCHELASTIC_USE_AGENT_STORE")
 BANNER = ("values are not computed: every npu tensor reads as zeros (plan mode; docs/PLAN.md says what that "
           "does to .item(), loss scaling, clipping and routing)")
 
@@ -84,9 +88,15 @@ def run(args: argparse.Namespace) -> int:
     if args.args[:1] == ["--"]:
         args.args = args.args[1:]
     launched = "RANK" in os.environ and "WORLD_SIZE" in os.environ
+    if launched and os.environ["WORLD_SIZE"] == "1" and args.world_size is not None and not args.all_ranks:
+        # torchrun --nproc-per-node 1 -m npusim plan --world-size N: this one process plans the world
+        for name in TORCHRUN_WORLD:
+            os.environ.pop(name, None)
+        launched = False
     if launched and (args.world_size is not None or args.all_ranks or args.rank != 0):
         print("npusim plan: under torchrun the world is torchrun's: leave out --world-size, --rank and "
-              "--all-ranks", file=sys.stderr)
+              "--all-ranks (or run one process: torchrun --nproc-per-node 1 -m npusim plan --world-size N)",
+              file=sys.stderr)
         return 2
     world = args.world_size if args.world_size is not None else int(os.environ.get("WORLD_SIZE", "1"))
     per_node = args.ranks_per_node if args.ranks_per_node is not None else min(8, max(world, 1))
