@@ -82,6 +82,10 @@ def test_plan_mode_allocates_as_a_computing_device_and_writes_only_small_work():
 
 
 def test_plan_mode_settings_are_checked():
+    code, _, stderr = _python("import npusim", {"NPUSIM_COMPUTE": "plan", "RANK": "0"})
+    assert code == 0 and "npusim: NPUSIM_COMPUTE=plan: values are not computed" in stderr
+    code, _, stderr = _python("import npusim", {"NPUSIM_COMPUTE": "plan", "RANK": "3"})
+    assert code == 0 and "values are not computed" not in stderr  # once per job: rank 0 says it
     code, _, stderr = _python("import npusim", {"NPUSIM_COMPUTE": "fast"})
     assert code != 0 and "NPUSIM_COMPUTE: expected one of real, plan, got 'fast'" in stderr
     code, _, stderr = _python("import npusim, torch; torch.zeros(1, device='npu')",
@@ -179,6 +183,7 @@ def test_plan_names_the_rank_that_does_not_fit(tmp_path: Path):
     assert result.returncode == 1, result.stderr[-3000:]
     assert re.search(r"rank 0 stopped in step 1 forward / \S+: OutOfMemoryError: NPU out of memory", result.stdout)
     assert "largest of the" in result.stdout
+    assert "64 rank(s); profile training_soc (Ascend910B2, 3 GiB)" in result.stdout  # the device's capacity
     assert re.search(r"npusim plan: rank 0 does not fit its npu \(3\.0 GiB\): NPU out of memory\. Tried to "
                      r"allocate [\d.]+ MiB", result.stderr)
     report = json.loads((tmp_path / "rank0" / "report.json").read_text())
@@ -198,6 +203,7 @@ def test_plan_of_a_small_fsdp2_llama_equals_its_real_run(tmp_path: Path):
     real_ranks = json.loads((tmp_path / "real" / "report.json").read_text())["ranks"]
     (planned,) = json.loads((tmp_path / "plan" / "report.json").read_text())["ranks"]
     assert len(real_ranks) == 8 and planned["step"] == 3 and planned["step_complete"]
+    assert planned["values_computed"] is False and all(r["values_computed"] for r in real_ranks)
     for rank in real_ranks:
         assert rank["step"] == planned["step"]
         assert rank["memory"]["peak_allocated"] == planned["memory"]["peak_allocated"], rank["rank"]

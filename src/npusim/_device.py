@@ -19,6 +19,7 @@ import atexit
 import importlib.abc
 import importlib.machinery
 import importlib.util
+import os
 import sys
 import time
 from collections.abc import Callable, Sequence
@@ -53,6 +54,12 @@ def _check_privateuse1_is_free() -> None:
             f"npusim cannot be imported: torch.npu is already provided by {torch.npu.__name__!r}.")
 
 
+# What every plan-mode run says first (Note [Plan mode]; docs/PLAN.md).
+PLAN_MODE_NOTICE = ("values are not computed: npu work over 1 MiB writes nothing and large tensors read as "
+                    "zeros (plan mode; docs/PLAN.md says what that does to .item(), loss scaling, clipping and "
+                    "routing)")
+
+
 def apply_settings() -> None:
     """Hands the C++ core the settings it needs before the first device is used."""
     from npusim.runtime import acl
@@ -61,6 +68,8 @@ def apply_settings() -> None:
     acl.set_device_count(len(config.visible_devices(physical)))
     acl.set_launch_blocking(config.launch_blocking())
     acl.set_plan_mode(config.plan_mode())
+    if config.plan_mode() and os.environ.get("RANK", "0") == "0":  # said once per job, not per rank
+        print(f"npusim: NPUSIM_COMPUTE=plan: {PLAN_MODE_NOTICE}", file=sys.stderr, flush=True)
     acl.set_max_pending_launches(config.max_pending_launches())
     margin = config.host_memory_margin()
     acl.set_host_memory_margin(-1 if margin is None else margin)

@@ -231,8 +231,11 @@ def _finish(prof: Any, tracker: StepTracker, options: ReportOptions, rank: int, 
         "tracker_error": tracker.broken,
         "stopped_at": ({"step": tracker.step, "phase": tracker.phase, "module": tracker._current_module()}
                        if failure is not None else None),
+        "values_computed": acl.device_computes(),  # False in plan mode (Note [Plan mode])
         "profile": {"name": profile.name, "soc_name": profile.soc_name, "cube_tflops": profile.cube_tflops,
-                    "cube_fp32_tflops": profile.cube_fp32_tflops, "total_memory": profile.total_memory},
+                    "cube_fp32_tflops": profile.cube_fp32_tflops,
+                    # the device's, which NPUSIM_MEMORY_CAPACITY may set below the profile's HBM
+                    "total_memory": torch.npu.get_device_properties(device).total_memory},
         "timing": model._asdict(),
         "steps_run": tracker.steps_done,
         "step": choice.step,

@@ -26,8 +26,6 @@ from npusim.tools import report as report_tool
 # What torchrun tells a rank about its world, replaced by a planned world's (plan/world.py).
 TORCHRUN_WORLD = ("RANK", "WORLD_SIZE", "LOCAL_RANK", "LOCAL_WORLD_SIZE", "GROUP_RANK", "GROUP_WORLD_SIZE",
                   "ROLE_RANK", "ROLE_WORLD_SIZE", "MASTER_ADDR", "MASTER_PORT", "TORCHELASTIC_USE_AGENT_STORE")
-BANNER = ("values are not computed: every npu tensor reads as zeros (plan mode; docs/PLAN.md says what that "
-          "does to .item(), loss scaling, clipping and routing)")
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
@@ -102,6 +100,9 @@ def run(args: argparse.Namespace) -> int:
     per_node = args.ranks_per_node if args.ranks_per_node is not None else min(8, max(world, 1))
     if args.all_ranks:
         return _run_all_ranks(args, world, per_node)
+    from npusim._device import PLAN_MODE_NOTICE
+
+    said = acl.device_computes() is False  # NPUSIM_COMPUTE=plan was set at import, which said so
     acl.set_plan_mode(True)  # before anything is allocated on the device (Note [Plan mode])
     os.environ["NPUSIM_COMPUTE"] = "plan"  # and so in the job's child processes
     store = None
@@ -116,8 +117,8 @@ def run(args: argparse.Namespace) -> int:
     elif not launched:
         os.environ.setdefault("NPUSIM_RANKS_PER_NODE", str(per_node))
     profile_options.select_for_job(args)  # before the chip clock reads the profile's HBM bandwidth
-    if int(os.environ.get("RANK", "0")) == (ranks[0] if ranks else 0):
-        print(f"npusim plan: {BANNER}", file=sys.stderr, flush=True)
+    if not said and int(os.environ.get("RANK", "0")) == (ranks[0] if ranks else 0):
+        print(f"npusim plan: {PLAN_MODE_NOTICE}", file=sys.stderr, flush=True)
     options = report_tool.options_from(args, mode="plan")._replace(ranks=ranks)
     import torch
 
