@@ -3,10 +3,11 @@
 from __future__ import annotations
 
 import json
+import time as time_module
 from pathlib import Path
 from typing import Any
 
-__all__ = ["format_table", "plot_memory", "print_table"]
+__all__ = ["format_table", "lead_rank", "plot_memory", "print_table", "read_rank_reports"]
 
 PHASE_COLORS = {"forward": "tab:blue", "backward": "tab:orange", "optimizer": "tab:green"}
 
@@ -68,11 +69,35 @@ def format_table(reports: list[dict[str, Any]]) -> str:
     return "\n".join(out)
 
 
+def lead_rank(options: Any) -> int:
+    """The rank that prints progress and the table (``options``: a ReportOptions): 0, or the first rank
+    plan mode runs."""
+    return options.ranks[0] if options.ranks else 0
+
+
+def read_rank_reports(out: str, ranks: list[int], wait_s: float, job: str) -> list[dict[str, Any]]:
+    """The report.json of run ``job`` of each of ``ranks`` under ``out`` that appears within ``wait_s``
+    seconds, in rank order."""
+    deadline = time_module.monotonic() + wait_s
+    found: dict[int, dict[str, Any]] = {}
+    while True:
+        for rank in ranks:
+            path = Path(out) / f"rank{rank}" / "report.json"
+            if rank not in found and path.exists():
+                try:
+                    report = json.loads(path.read_text())
+                except (OSError, ValueError):
+                    continue
+                if report.get("run_id") == job:
+                    found[rank] = report
+        if len(found) == len(ranks) or time_module.monotonic() >= deadline:
+            return [found[r] for r in sorted(found)]
+        time_module.sleep(0.2)
+
+
 def print_table(report: dict[str, Any], options: Any, rank: int) -> None:
     """Rank 0 prints the table of all ranks it can read (its own if none other) and writes OUT/report.json
     with all of them when the world has several ranks; other ranks print nothing."""
-    from npusim.plan.session import lead_rank, read_rank_reports
-
     if rank != lead_rank(options):
         return
 

@@ -54,7 +54,6 @@ import pickle
 import socket
 import sys
 import tempfile
-import time as time_module
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any, NamedTuple
@@ -62,6 +61,7 @@ from typing import Any, NamedTuple
 import torch
 
 from npusim.plan import analysis, render
+from npusim.plan.render import lead_rank
 from npusim.plan.tracker import StepTracker
 
 __all__ = ["ReportOptions", "run_with_report"]
@@ -94,11 +94,6 @@ def run_id() -> str:
     if os.environ.get("MASTER_PORT"):
         return f"{os.environ.get('MASTER_ADDR', '')}:{os.environ['MASTER_PORT']}"
     return f"{socket.gethostname()}:{os.getpid()}"
-
-
-def lead_rank(options: ReportOptions) -> int:
-    """The rank that prints progress and the table: 0, or the first rank plan mode runs."""
-    return options.ranks[0] if options.ranks else 0
 
 
 def _say(rank: int, text: str, options: ReportOptions) -> None:
@@ -314,26 +309,6 @@ def _anchor() -> tuple[int, float]:
     from npusim.runtime import acl
 
     return acl.profiler_axis_anchor()
-
-
-def read_rank_reports(out: str, ranks: list[int], wait_s: float, job: str) -> list[dict[str, Any]]:
-    """The report.json of run ``job`` of each of ``ranks`` under ``out`` that appears within ``wait_s``
-    seconds, in rank order."""
-    deadline = time_module.monotonic() + wait_s
-    found: dict[int, dict[str, Any]] = {}
-    while True:
-        for rank in ranks:
-            path = Path(out) / f"rank{rank}" / "report.json"
-            if rank not in found and path.exists():
-                try:
-                    report = json.loads(path.read_text())
-                except (OSError, ValueError):
-                    continue
-                if report.get("run_id") == job:
-                    found[rank] = report
-        if len(found) == len(ranks) or time_module.monotonic() >= deadline:
-            return [found[r] for r in sorted(found)]
-        time_module.sleep(0.2)
 
 
 def mib(nbytes: float) -> str:
