@@ -192,8 +192,9 @@ def test_plan_names_the_rank_that_does_not_fit(tmp_path: Path):
 
 def test_plan_of_a_small_fsdp2_llama_equals_its_real_run(tmp_path: Path):
     """The self-check: 8 ranks run the 2-layer Llama for real under the report; rank 0 alone plans it in a
-    world of 8. The plan's peak allocated is every real rank's, byte for byte, and so is its chip-time
-    step; the plan computed no large work (its loss reads 0.0)."""
+    world of 8. The plan's peak allocated is every real rank's, byte for byte, and so are its peak reserved
+    (Note [Stream-ordered free]: under the chip clock the blocks chosen do not depend on the workers' pace)
+    and its chip-time step; the plan computed no large work (its loss reads 0.0)."""
     real = run_bounded([*torchrun_command(["-m", "npusim", "report", "--out", str(tmp_path / "real"), "--",
                                            str(LLAMA), *SMALL_LLAMA], 8)], 600)
     assert real.returncode == 0, real.stderr[-4000:]
@@ -207,6 +208,7 @@ def test_plan_of_a_small_fsdp2_llama_equals_its_real_run(tmp_path: Path):
     for rank in real_ranks:
         assert rank["step"] == planned["step"]
         assert rank["memory"]["peak_allocated"] == planned["memory"]["peak_allocated"], rank["rank"]
+        assert rank["memory"]["peak_reserved"] == planned["memory"]["peak_reserved"], rank["rank"]
         assert rank["time"]["step_us"] == planned["time"]["step_us"], rank["rank"]
         assert rank["device_tasks"] == planned["device_tasks"]
     real_loss = float(re.search(r"step 3: loss (\S+)", real.stdout).group(1))
@@ -223,5 +225,6 @@ def test_all_ranks_plans_every_rank_as_a_process(tmp_path: Path):
     ranks = json.loads((tmp_path / "report.json").read_text())["ranks"]
     assert [r["rank"] for r in ranks] == [0, 1] and all(r["mode"] == "plan" for r in ranks)
     assert ranks[0]["memory"]["peak_allocated"] == ranks[1]["memory"]["peak_allocated"]
+    assert ranks[0]["memory"]["peak_reserved"] == ranks[1]["memory"]["peak_reserved"]
     assert ranks[0]["time"]["step_us"] == ranks[1]["time"]["step_us"]
     assert re.search(r"step 2: loss 0\.0000", result.stdout)

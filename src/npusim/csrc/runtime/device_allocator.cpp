@@ -21,22 +21,46 @@ namespace npusim {
 // Note [Stream-ordered free]
 // Device memory is host memory that stream workers read and write after the
 // host has moved on. A block freed by the host (tensor dropped, FSDP's
-// storage.resize_(0)) may still be the target of queued work, so it is not
-// handed out again until every stream that had pending work at the time of
-// the free (and every stream recorded with Tensor.record_stream) has passed
-// that point. This is stricter than CUDA, which waits only for recorded
-// streams: npusim's host-side kernels and comm threads make a missing
-// record_stream a silent data race, so it is never relied on. The one
-// relaxation is CUDA's: work left only on the stream the block was allocated
-// for is ordered before anything the block's next owner enqueues there (and
-// a block is only ever reused on that stream, Note [Caching allocator];
-// allocations are made by host threads at a launch, a stream worker
-// allocates nothing from this allocator: Note [Compute on the stream]), so
-// such a free returns the block to its pool at once; the stream's task count
-// at the free is kept with the block, and its memory goes back to the host
-// only once the stream has passed it. `allocated` drops at once, as on CUDA;
-// `active` and `reserved` count the block until the free completes and until
-// its segment is returned to the host.
+// storage.resize_(0)) may still be the target of queued work. CUDA relies on
+// stream order and record_stream for that: a block freed on its allocation
+// stream is free at once, for that stream's next allocations, and only a
+// recorded stream's unfinished work holds it back. npusim's host-side kernels
+// and comm threads would make a missing record_stream a silent data race, so
+// it also waits for every other stream that had unfinished work at the free,
+// Holding the block back until then makes which block an allocation gets, and
+// so `allocated` (block sizes: a large block's rest of up to 1 MiB is not
+// split off) and `reserved`, depend on how far the workers had run; waiting
+// for them when the block is handed out instead makes the figures a function
+// of the program but couples the host to the other streams' progress (an
+// FSDP2 step of `bench fsdp-step`, whose comm runs gloo in real time, took
+// 1.09-1.22 of CPU+gloo's time against 0.79-0.90: three alternating pairs of
+// runs, stop 47). So the choice follows the chip clock, which is on for the
+// figures (npusim report, npusim plan, NPUSIM_TIMING) and off for speed:
+//  - work left only on the block's own stream is ordered before anything the
+//    block's next owner enqueues there (a block is only ever reused on that
+//    stream, Note [Caching allocator]): the free is complete at once; the
+//    stream's task count is kept with the block (own_fence), and its memory
+//    goes back to the host only once the stream has passed it;
+//  - other streams' unfinished work, under the chip clock
+//    (Block::unfinished): the block is free at once too, as on CUDA, and
+//    best fit chooses it as CUDA's would; the
+//    allocation that takes it waits, in this machine's time only (the chip
+//    clock does not move: on the chip the block is free), until those streams
+//    have passed that work, which was enqueued before the free and needs no
+//    host action. A wait that does not end within kDeferredFreeWait (a
+//    stream held by a collective whose peer waits on this host) or would be a
+//    stream worker's puts the block back as a deferred free and takes
+//    another (Note [Bounded deferred frees]). Its segment goes back to the
+//    host only once they have passed;
+//  - other streams' unfinished work off the chip clock, and
+//    Tensor.record_stream's streams (as on CUDA): the block is a deferred
+//    free, out of its pool, until they pass.
+// So under the chip clock allocated, reserved and their peaks are a function
+// of the program, as on CUDA for a program that needs no record_stream (an
+// FSDP2 job of 2 ranks under npusim report gave both ranks the same peaks in
+// six runs on a loaded machine, where one run in four differed before).
+// `allocated` drops at once, as on CUDA; `active` counts a deferred free
+// until it completes.
 
 namespace {
 
@@ -172,9 +196,25 @@ c10::DataPtr allocate_on(DeviceCache& c, size_t nbytes, c10::StreamId stream) {
     return c10::DataPtr(nullptr, c10::Device(c10::DeviceType::PrivateUse1, c.device));
   }
   std::unique_lock<std::mutex> lock(c.mutex);
-  Block* b = c.malloc_locked(nbytes, stream, lock);
-  report_memory(c, b->ptr, static_cast<int64_t>(b->size), lock);
-  return data_ptr_of(b);
+  for (;;) {
+    Block* b = c.malloc_locked(nbytes, stream, lock);
+    std::vector<Fence> unfinished = std::move(b->unfinished);  // b is the caller's now: Note [Stream-ordered free]
+    b->unfinished.clear();
+    if (!unfinished.empty()) {
+      lock.unlock();
+      const bool passed = DeviceCache::wait_for_unfinished(unfinished);
+      lock.lock();
+      if (!passed) {
+        // The other stream is held by work that needs this host (a collective
+        // whose peer waits on it), or this is a stream worker: the block waits
+        // out of the pool as a deferred free, and another one is taken.
+        c.free_locked(b, std::move(unfinished), /*reusable_now=*/false);
+        continue;
+      }
+    }
+    report_memory(c, b->ptr, static_cast<int64_t>(b->size), lock);
+    return data_ptr_of(b);
+  }
 }
 
 }  // namespace

@@ -3,6 +3,7 @@
 // reuse, garbage collection, the retry ladder before OutOfMemoryError).
 #include "device_cache.h"
 
+#include "chip_clock.h"
 #include "host_memory.h"
 
 #include <c10/util/Exception.h>
@@ -283,6 +284,7 @@ Block* DeviceCache::hand_out_locked(BlockPool& pool, Block* b, size_t size, size
     b->stream = remaining->stream;
     b->pool = &pool;
     b->own_fence = remaining->own_fence;
+    b->unfinished = remaining->unfinished;
     b->prev = remaining->prev;
     if (b->prev != nullptr) {
       b->prev->next = b;
@@ -372,7 +374,8 @@ Block* DeviceCache::map_segment_locked(BlockPool& pool, c10::StreamId stream, si
 }
 
 bool DeviceCache::releasable(const Block* b) const {
-  return b->listed && !b->is_split() && stream_for(device, b->stream).completed() >= b->own_fence;
+  return b->listed && !b->is_split() && stream_for(device, b->stream).completed() >= b->own_fence &&
+      fences_passed(b->unfinished);
 }
 
 void DeviceCache::release_segment_locked(Block* b) {
@@ -534,8 +537,9 @@ Block* DeviceCache::malloc_locked(size_t nbytes, c10::StreamId stream, std::uniq
 }
 
 // Note [Bounded deferred frees]
-// A free deferred by other streams' work (Note [Stream-ordered free]) keeps
-// its block out of the cache until that work is done. With compute on the
+// A deferred free (Tensor.record_stream's, or a block an allocation could not
+// wait for: Note [Stream-ordered free]) keeps its block out of the cache
+// until that work is done. With compute on the
 // streams, a host thread launching ops on one stream while another stream is
 // busy runs ahead of both, and every block it frees is deferred: the cache
 // would map a segment per step until the host stops (PyTorch's conv2d from
@@ -556,20 +560,33 @@ namespace {
 constexpr int64_t kDeferredFreeFloor = 20 << 20;
 constexpr auto kDeferredFreeWait = std::chrono::milliseconds(500);
 
-// Whether every fence passed before `deadline` (polling: fences are bare counters).
+// Whether every fence passed before `deadline` (polling: fences are bare
+// counters). Most waits are for a task or two: the first turns only yield.
 bool wait_for_fences(const std::vector<Fence>& fences, std::chrono::steady_clock::time_point deadline) {
+  int turn = 0;
   for (const Fence& f : fences) {
     while (!fence_passed(f)) {
       if (std::chrono::steady_clock::now() >= deadline) {
         return false;
       }
-      std::this_thread::sleep_for(std::chrono::microseconds(50));
+      if (++turn < 1024) {
+        std::this_thread::yield();
+      } else {
+        std::this_thread::sleep_for(std::chrono::microseconds(50));
+      }
     }
   }
   return true;
 }
 
 }  // namespace
+
+bool DeviceCache::wait_for_unfinished(std::vector<Fence>& fences) {
+  if (fences_passed(fences)) {
+    return true;
+  }
+  return !on_stream_worker() && wait_for_fences(fences, std::chrono::steady_clock::now() + kDeferredFreeWait);
+}
 
 Block* DeviceCache::wait_for_deferred_frees_locked(BlockPool& pool, c10::StreamId stream, size_t size,
     std::unique_lock<std::mutex>& lock) {
@@ -676,12 +693,13 @@ Block* DeviceCache::adopt_locked(c10::DataPtr&& cpu, size_t nbytes, c10::StreamI
 
 // ---- free ----------------------------------------------------------------------------
 
-void DeviceCache::free_locked(Block* b, std::vector<Fence> fences) {
+void DeviceCache::free_locked(Block* b, std::vector<Fence> fences, bool reusable_now) {
+  std::vector<Fence> recorded;  // Tensor.record_stream's streams: CUDA's own wait
   for (c10::StreamId id : b->recorded) {
     const NpuStream& s = stream_for(device, id);
     const uint64_t enqueued = s.enqueued();
     if (s.completed() < enqueued) {
-      fences.emplace_back(s.completed_counter(), enqueued);
+      recorded.emplace_back(s.completed_counter(), enqueued);
     }
   }
   const AllocatorSettings& s = settings();
@@ -707,6 +725,14 @@ void DeviceCache::free_locked(Block* b, std::vector<Fence> fences) {
     });
     fences.erase(kept, fences.end());
   }
+  if (recorded.empty() && !b->adopted && reusable_now && chip_clock_on()) {
+    // Note [Stream-ordered free]: under the chip clock the block is free now,
+    // as on CUDA; the other streams' work is waited for when it is handed out.
+    b->unfinished = std::move(fences);
+    return_to_pool_locked(b);
+    return;
+  }
+  fences.insert(fences.end(), recorded.begin(), recorded.end());
   if (fences.empty()) {
     return_to_pool_locked(b);
     return;
@@ -752,6 +778,8 @@ void DeviceCache::return_to_pool_locked(Block* b) {
     for (Block* n : {prev, b, next}) {
       if (n != nullptr && n != merged) {
         merged->own_fence = std::max(merged->own_fence, n->own_fence);
+        merged->unfinished.insert(merged->unfinished.end(), n->unfinished.begin(), n->unfinished.end());
+        fences_passed(merged->unfinished);  // keeps only the fences still to pass
         if (n->listed) {
           pool.erase(n);
         }

@@ -72,6 +72,10 @@ struct Block {
   // memory may go back to the host once the stream has completed that many.
   uint64_t own_fence = 0;
   uint64_t free_since = 0;       // the pool's search count when it became free (its age for GC)
+  // Other streams' work pending when the block was freed: a free block may be
+  // chosen at once, as on CUDA, but is handed out only once these have passed
+  // (Note [Stream-ordered free]).
+  mutable std::vector<Fence> unfinished;  // passed fences are dropped as they are checked
   std::vector<c10::StreamId> recorded;  // Tensor.record_stream, streams of the same device
   c10::DataPtr adopted;          // memory a CPU kernel allocated: a segment of one block, never cached
 
@@ -167,7 +171,12 @@ class DeviceCache {
   // Memory a CPU kernel produced, accounted as a segment of one block.
   Block* adopt_locked(c10::DataPtr&& cpu, size_t nbytes, c10::StreamId stream, std::unique_lock<std::mutex>& lock);
   // The caller's free of `b`; `fences`: the streams with unfinished work now.
-  void free_locked(Block* b, std::vector<Fence> fences);
+  // `reusable_now` false: the block stays out of the pool until `fences` pass
+  // (an allocation that could not wait for them: Note [Stream-ordered free]).
+  void free_locked(Block* b, std::vector<Fence> fences, bool reusable_now = true);
+  // Waits, at most kDeferredFreeWait and never on a stream worker, until a
+  // handed-out block's unfinished fences pass; false if they did not.
+  static bool wait_for_unfinished(std::vector<Fence>& fences);
   // Moves pending frees whose fences have passed into their pools; their bytes.
   int64_t reclaim_locked();
   bool has_pending() const {

@@ -11,6 +11,7 @@
 
 #include <c10/core/Stream.h>
 
+#include <algorithm>
 #include <atomic>
 #include <chrono>
 #include <condition_variable>
@@ -272,6 +273,13 @@ FenceCounter* new_fence_counter();
 using Fence = std::pair<const std::atomic<uint64_t>*, uint64_t>;
 inline bool fence_passed(const Fence& fence) {
   return fence.first->load(std::memory_order_acquire) >= fence.second;
+}
+
+// Whether every fence has passed; the ones that have are dropped.
+inline bool fences_passed(std::vector<Fence>& fences) {
+  fences.erase(std::remove_if(fences.begin(), fences.end(),
+      [](const Fence& f) { return fence_passed(f); }), fences.end());
+  return fences.empty();
 }
 // One fence per stream or fence counter with unfinished work: a block freed
 // now may be released once every fence has passed.
