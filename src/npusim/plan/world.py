@@ -29,7 +29,11 @@ import os
 from collections.abc import MutableMapping
 from typing import Any, NamedTuple
 
-__all__ = ["PlannedWorld", "enter"]
+__all__ = ["PlannedWorld", "enter", "leave_launcher"]
+
+# What torchrun tells a rank about its world (and its rendezvous), which enter() writes for a planned one.
+LAUNCHER_VARIABLES = ("RANK", "WORLD_SIZE", "LOCAL_RANK", "LOCAL_WORLD_SIZE", "GROUP_RANK", "GROUP_WORLD_SIZE",
+                      "ROLE_RANK", "ROLE_WORLD_SIZE", "MASTER_ADDR", "MASTER_PORT", "TORCHELASTIC_USE_AGENT_STORE")
 
 
 class PlannedWorld(NamedTuple):
@@ -46,11 +50,18 @@ class PlannedWorld(NamedTuple):
             raise ValueError(f"npusim plan: --rank must be in [0, {self.world_size}), got {self.rank}")
 
 
+def leave_launcher(environ: MutableMapping[str, str] = os.environ) -> None:
+    """Forgets a one-process launcher's world (torchrun --nproc-per-node 1), so that enter() can plan one."""
+    for name in LAUNCHER_VARIABLES:
+        environ.pop(name, None)
+
+
 def enter(world: PlannedWorld, environ: MutableMapping[str, str] = os.environ) -> Any:
     """Makes this process rank ``world.rank`` of a planned world (Note [Launching a planned world]);
     returns the rendezvous store it hosts, which must stay alive while the job runs."""
-    from torch.distributed import TCPStore
+    from torch.distributed import TCPStore, distributed_c10d
 
+    from npusim.distributed import backend
     from npusim.runtime import acl
 
     world.check()
@@ -68,10 +79,6 @@ def enter(world: PlannedWorld, environ: MutableMapping[str, str] = os.environ) -
     if local_ranks > acl.device_count():
         acl.set_device_count(local_ranks)
         environ["NPUSIM_DEVICE_COUNT"] = str(local_ranks)
-    from torch.distributed import distributed_c10d
-
-    from npusim.distributed import backend
-
     store = TCPStore("127.0.0.1", 0, is_master=True, wait_for_workers=False, use_libuv=True)
     distributed_c10d.ProcessGroupGloo = backend.load().PlannedGloo  # gloo groups of a planned world
     environ.update({

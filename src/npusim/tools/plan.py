@@ -23,10 +23,6 @@ import sys
 
 from npusim.tools import report as report_tool
 
-# What torchrun tells a rank about its world, replaced by a planned world's (plan/world.py).
-TORCHRUN_WORLD = ("RANK", "WORLD_SIZE", "LOCAL_RANK", "LOCAL_WORLD_SIZE", "GROUP_RANK", "GROUP_WORLD_SIZE",
-                  "ROLE_RANK", "ROLE_WORLD_SIZE", "MASTER_ADDR", "MASTER_PORT", "TORCHELASTIC_USE_AGENT_STORE")
-
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--world-size", type=int, default=None,
@@ -87,9 +83,7 @@ def run(args: argparse.Namespace) -> int:
         args.args = args.args[1:]
     launched = "RANK" in os.environ and "WORLD_SIZE" in os.environ
     if launched and os.environ["WORLD_SIZE"] == "1" and args.world_size is not None and not args.all_ranks:
-        # torchrun --nproc-per-node 1 -m npusim plan --world-size N: this one process plans the world
-        for name in TORCHRUN_WORLD:
-            os.environ.pop(name, None)
+        planned.leave_launcher()  # torchrun --nproc-per-node 1 -m npusim plan --world-size N: it plans the world
         launched = False
     if launched and (args.world_size is not None or args.all_ranks or args.rank != 0):
         print("npusim plan: under torchrun the world is torchrun's: leave out --world-size, --rank and "

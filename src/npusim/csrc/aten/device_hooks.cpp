@@ -8,8 +8,8 @@
 #include "../runtime/device_allocator.h"
 #include "../runtime/event.h"
 #include "../runtime/host_allocator.h"
-#include "../runtime/stream.h"
 #include "../runtime/plan_mode.h"
+#include "../runtime/stream.h"
 #include "../runtime/timing.h"
 
 #include <ATen/detail/PrivateUse1HooksInterface.h>

@@ -46,8 +46,8 @@ c10::DeviceIndex check_batch(const char* op, const std::vector<at::Tensor>& dsts
   return device;
 }
 
-// A host<->device pair's bytes; in plan mode only those bound for the host
-// (Note [Plan mode]: device memory is never written).
+// A host<->device pair's bytes; in plan mode, those bound for the device only
+// when the pair is small (Note [Plan mode]: large work writes nothing).
 void raw_copy(const at::Tensor& dst, const at::Tensor& src) {
   const size_t n = byte_size(src);
   if (n > 0 && (dst.is_cpu() || work_runs(n))) {

@@ -9,8 +9,8 @@
 // reads the graph-safe Philox state when it runs (Note [Graph-safe Philox
 // state]), so each replay draws fresh numbers.
 #include "generator.h"
-#include "../runtime/stream.h"
 #include "../runtime/plan_mode.h"
+#include "../runtime/stream.h"
 #include "host_transfer.h"
 #include "intraop_threads.h"
 #include "launch/op_launch.h"

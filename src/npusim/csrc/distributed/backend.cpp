@@ -190,8 +190,7 @@ std::string ProcessGroupNpu::describe(const char* op, c10::DeviceIndex device) c
 // Note [A planned world]
 // `npusim plan --world-size N` runs one rank of an SPMD job alone (Note [Plan
 // mode] in runtime/plan_mode.cpp): the other N-1 ranks are not processes, so
-// its groups have no inner gloo group and a collective has no one to move
-// data with. It is launched and priced as in a world that computes (the
+// a collective has no one to move data with. It is launched and priced as in a world that computes (the
 // collective waits for its inputs on the current stream, takes the
 // algorithm's chip time for the group's size and the ranks' placement on
 // nodes, completes its Work and frees in stream order). Its data follows

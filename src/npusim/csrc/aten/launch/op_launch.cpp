@@ -1,10 +1,10 @@
 // The launch of a fallback op as a stream task: see op_launch.h.
 #include "op_launch.h"
-#include "../../runtime/plan_mode.h"
 
 #include "boxed_launch.h"
 #include "launch_scan.h"
 #include "../op_traits.h"
+#include "../../runtime/plan_mode.h"
 
 #include <torch/csrc/autograd/function.h>
 #include <c10/core/DeviceGuard.h>

@@ -1,17 +1,17 @@
 // A launched op's task, run by the stream worker: see op_task.h.
 #include "op_task.h"
-#include "../../runtime/plan_mode.h"
 
 #include "../host_transfer.h"
 #include "../intraop_threads.h"
+#include "../../runtime/plan_mode.h"
 
 #include <ATen/core/List.h>
 #include <c10/util/Exception.h>
 #include <c10/util/accumulate.h>
 
 #include <algorithm>
-#include <cstring>
 #include <atomic>
+#include <cstring>
 
 namespace npusim {
 
