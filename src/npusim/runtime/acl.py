@@ -56,6 +56,9 @@ stream_priority: Callable[[int, int], int] = C.stream_priority
 stream_pending: Callable[[int, int], int] = C.stream_pending
 # Tasks ever enqueued on the stream (work done on the host, Note [Work on an idle stream], is not one).
 stream_enqueued: Callable[[int, int], int] = C.stream_enqueued
+# Items of a task's shared work (a foreach copy's spans, a random fill's ranges) that host threads
+# waiting for the stream ran: Note [A waiting host helps] in runtime/stream.cpp.
+stream_items_helped: Callable[[int, int], int] = C.stream_items_helped
 # (stream_id, device, timeout_s < 0 waits forever); a timeout raises an error naming the stream.
 synchronize_stream: Callable[[int, int, float], None] = C.synchronize_stream
 synchronize_device: Callable[[int], None] = C.synchronize_device

@@ -18,7 +18,6 @@
 
 #include <ATen/ATen.h>
 #include <ATen/OpMathType.h>
-#include <ATen/Parallel.h>
 #include <ATen/core/TransformationHelper.h>
 #include <ATen/native/DistributionTemplates.h>
 #include <c10/util/MathConstants.h>
@@ -36,8 +35,10 @@ namespace templates = at::native::templates;
 using at::Tensor;
 using Gen = std::optional<at::Generator>;
 
-// Elements per parallel chunk; each chunk seeks the stream to its first element.
-constexpr int64_t kGrain = 1 << 14;
+// Elements a thread takes at a time (run_shared); each range seeks the
+// Philox stream to its first element. At a few ns per element a claim is
+// tens of microseconds, against well under one for the claim itself.
+constexpr int64_t kElementsPerClaim = 1 << 12;
 
 // The 128-bit Philox block of one element.
 struct PhiloxBlock {
@@ -97,11 +98,13 @@ struct RandomLaunch {
 
 // Writes value(block, i) to out[i] for i in [0, numel), from block offset + i
 // (Note [npu Philox stream]). The blocks come kPhiloxBatch at a time (Note
-// [Philox blocks in batches]); each chunk of the intra-op split starts at
-// its own element.
+// [Philox blocks in batches]); each range starts at its own element, so the
+// numbers do not depend on which thread writes which range: the stream's
+// worker, and a host that waits for the stream meanwhile (Note [A waiting
+// host helps]).
 template <typename scalar_t, typename F>
 void philox_write_dense(scalar_t* out, int64_t numel, const PhiloxInputs& in, const F& value) {
-  at::parallel_for(0, numel, kGrain, [&](int64_t begin, int64_t end) {
+  NpuStream::run_shared(numel, kElementsPerClaim, [&](int64_t begin, int64_t end) {
     PhiloxBatch batch;
     for (int64_t first = begin; first < end; first += kPhiloxBatch) {
       const int64_t count = std::min<int64_t>(kPhiloxBatch, end - first);

@@ -249,6 +249,9 @@ void init_runtime_bindings(py::module& m) {
     const NpuStream& s = npusim::stream_for(device, id);
     return s.enqueued() - s.completed();
   });
+  m.def("stream_items_helped", [](int64_t id, int device) {
+    return npusim::stream_for(device, id).items_helped();
+  });
   m.def("synchronize_stream",
       [](int64_t id, int device, double timeout_s) {
         NpuStream& s = npusim::stream_for(device, id);

@@ -10,6 +10,7 @@
 #include "trace.h"
 
 #include <c10/core/Stream.h>
+#include <c10/util/FunctionRef.h>
 
 #include <algorithm>
 #include <atomic>
@@ -190,6 +191,13 @@ class NpuStream {
   // Fails the stream's device with `message` (a task that inherits another
   // device's failure: a wait for a failed event), unless it has failed already.
   void fail(const std::string& message);
+  // Runs body(begin, end) over [0, n) in claims of `grain` items, on the
+  // calling thread and, when that is a stream worker running a task, on host
+  // threads that wait for its stream meanwhile (Note [A waiting host helps]).
+  // body must not throw.
+  static void run_shared(int64_t n, int64_t grain, c10::function_ref<void(int64_t, int64_t)> body);
+  // The items of shared work that waiting host threads have run on this stream.
+  uint64_t items_helped() const { return items_helped_.load(std::memory_order_relaxed); }
 
   c10::DeviceIndex device() const { return device_; }
   c10::StreamId id() const { return id_; }
@@ -229,6 +237,8 @@ class NpuStream {
   bool wait_for_work(uint64_t popped);
   // Note [Bounded launch queue]
   void wait_for_launch_slot();
+  // A waiting host thread's turn at the running task's shared items, if any.
+  void help_with_shared_work();
   void record_error(const char* op, const char* message);
   void raise_pending_error();
   void task_done();
@@ -249,6 +259,14 @@ class NpuStream {
   std::atomic<int> host_waiters_{0};
   std::atomic<StreamCapture*> capture_{nullptr};
   std::atomic<double> clock_us_{0.0};  // written by the worker only
+  struct SharedWork;
+  // The items a running task shares (run_shared), and the host threads
+  // inside help_with_shared_work, which the task waits out before it ends.
+  // Their own cache line: a waiting host reads them at every turn of its
+  // spin, and completed_ beside them would bounce between the cores.
+  alignas(64) std::atomic<SharedWork*> shared_work_{nullptr};
+  std::atomic<int> helpers_{0};
+  std::atomic<uint64_t> items_helped_{0};
   std::unique_ptr<std::thread> worker_;
 };
 
