@@ -547,6 +547,86 @@ void NpuStream::task_done() {
 void NpuStream::run() {
   enter_stream_worker(device_);
   tls_worker_stream = this;  // Note [A waiting host helps]
+  name_thread(c10::str("npu", static_cast<int>(device_), " stream ", id_));
+  set_flush_denormal_bits(0);  // not its creator's: Note [Subnormals on npu]
+  uint64_t popped = 0;
+  for (;;) {
+    Task task;
+    {
+      std::unique_lock<std::mutex> lock(mutex_);
+      if (queue_.empty()) {
+        lock.unlock();
+        wait_for_work(popped);
+        lock.lock();
+        worker_sleeping_ = true;
+        work_cv_.wait(lock, [this] { return !queue_.empty(); });
+        worker_sleeping_ = false;
+      }
+      task = std::move(queue_.front());
+      queue_.pop_front();
+      ++popped;
+      // See Note [Errors of asynchronous work]: a failed device skips its work.
+      if (task.kind != TaskKind::kSignal && device_failed(device_)) {
+        count_skipped(device_);
+        task.fn = nullptr;
+      }
+    }
+    if (task.fn) {
+      if (task.profile) {
+        // See Note [Device tasks in torch.profiler].
+        run_profiled(*task.profile, [&] { run_task(task); });
+      } else {
+        run_task(task);
+      }
+    }
+    task.fn = nullptr;
+    task.profile = nullptr;  // release captures before the task counts as complete
+    task_done();
+    run_completion_hooks();
+  }
+}
+
+bool NpuStream::wait_completed(uint64_t target, double timeout_s) {
+  TORCH_CHECK(!(on_stream_worker() && current_device() == device_ && target > completed()),
+      "npusim: a task of ", name(), " waits on its own stream");
+  auto ready = [&] { return completed_.load(std::memory_order_acquire) >= target; };
+  if (ready()) {
+    return true;
+  }
+  const auto spin = timeout_s < 0 ? kHostSpin
+      : std::min<std::chrono::steady_clock::duration>(kHostSpin,
+            std::chrono::duration_cast<std::chrono::steady_clock::duration>(std::chrono::duration<double>(timeout_s)));
+  const bool host = !on_stream_worker();
+  auto ready_or_help = [&] {
+    if (host) {
+      help_with_shared_work();  // Note [A waiting host helps]
+    }
+    return ready();
+  };
+  if (spin_until(ready_or_help, spin)) {
+    return true;
+  }
+  // Counted while asleep (the worker then notifies); the interrupt check may throw out of the wait.
+  struct Asleep {
+    std::atomic<int>& waiters;
+    explicit Asleep(std::atomic<int>& n) : waiters(n) {
+      waiters.fetch_add(1, std::memory_order_seq_cst);
+    }
+    ~Asleep() {
+      waiters.fetch_sub(1, std::memory_order_seq_cst);
+    }
+  } asleep(host_waiters_);
+  {
+    std::unique_lock<std::mutex> lock(mutex_);
+    if (!wait_on_host(done_cv_, lock, timeout_s, ready)) {  // Note [Interruptible host waits]
+      return false;
+    }
+  }
+  stop_thread_if_exiting();  // exit began during the wait: Note [Launches at exit]
+  return true;
+}
+
+// Note [A waiting host helps]
 // The device's copies and random fills are this machine's loops, and one
 // thread's loop is the simulated device's speed: a _foreach_copy_ of 1000
 // tensors of 4 KiB (FSDP2's shards) is about 290 us of memmove on one core of
@@ -580,10 +660,10 @@ struct NpuStream::SharedWork {
   c10::function_ref<void(int64_t, int64_t)> body;
   std::atomic<int64_t> next{0};
 
-  // Claims and runs items until none are left. The plain load first keeps a
-  // thread that finds the batch exhausted from writing the counter's cache
-  // line, which the other thread's next claim then waits for.
-  // Returns the items this thread ran.
+  // Claims and runs items until none are left; returns the items this thread
+  // ran. The plain load first keeps a thread that finds the batch exhausted
+  // from writing the counter's cache line, which the other thread's next
+  // claim would then wait for.
   int64_t run_claims() {
     int64_t ran = 0;
     while (next.load(std::memory_order_relaxed) < n) {
