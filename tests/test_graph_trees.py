@@ -320,3 +320,27 @@ def test_enable_history_recording_records_only_inside_unless_already_on() -> Non
     finally:
         memory._record_memory_history(None)
     assert not memory._npu_isHistoryEnabled()
+
+
+def test_outputs_that_share_memory_still_share_it_and_are_invalidated_by_the_next_step() -> None:
+    def f(x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+        y = x * 2
+        return y, y[1:], x + 1  # two views of one buffer, and another buffer
+
+    compiled = torch.compile(f, mode="reduce-overhead")
+    x = torch.arange(6.0, device="npu")
+    for _ in range(3):  # warm-up, recording, then a replay
+        torch.compiler.cudagraph_mark_step_begin()
+        whole, tail, other = compiled(x)
+    torch.npu.synchronize()
+    assert torch.equal(whole.cpu(), torch.arange(6.0) * 2) and torch.equal(other.cpu(), torch.arange(6.0) + 1)
+    assert tail.untyped_storage().data_ptr() == whole.untyped_storage().data_ptr()
+    assert other.untyped_storage().data_ptr() != whole.untyped_storage().data_ptr()
+    assert (tail.storage_offset(), tail.shape, tail.stride()) == (1, (5,), (1,))
+    whole[1] = -1.0  # a view's writes show through the other: one storage, as the static outputs
+    assert tail[0].item() == -1.0
+    torch.compiler.cudagraph_mark_step_begin()
+    compiled(x)  # a new step overwrites the memory: last step's outputs raise on access
+    for old in (whole, tail, other):
+        with pytest.raises(RuntimeError, match="overwritten by a subsequent run"):
+            old.cpu()

@@ -204,6 +204,8 @@ stream_is_capturing: Callable[[int, int], bool] = C.stream_is_capturing
 # An npu tensor's memory in a new storage that keeps the old one alive (a uint8 tensor over all of it),
 # and torch._C._set_storage_access_error_msg of CUDA builds: the npu graph trees' outputs.
 alias_in_new_storage: Callable[[torch.Tensor], torch.Tensor] = C.alias_in_new_storage
+# Each npu tensor's geometry over such a storage, one per storage they share, in one call.
+in_new_storages: Callable[[list[torch.Tensor]], list[torch.Tensor]] = C.in_new_storages
 set_storage_access_error: Callable[[torch.Tensor, str], None] = C.set_storage_access_error
 
 # ---- the aten::_foreach_copy_ kernel and its router (csrc/aten/foreach_copy.h) ----

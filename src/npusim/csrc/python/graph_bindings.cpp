@@ -5,9 +5,29 @@
 
 #include <torch/csrc/Exceptions.h>
 
+#include <algorithm>
+#include <utility>
+#include <vector>
+
 namespace py = pybind11;
 
 namespace npusim {
+namespace {
+
+// A new storage over the memory of npu tensor `t`'s storage that keeps that
+// storage alive (see alias_in_new_storage below).
+c10::Storage storage_aliasing(const at::Tensor& t, const char* op) {
+  TORCH_CHECK(t.device().type() == c10::DeviceType::PrivateUse1, op, ": expected an npu tensor, got one on ",
+      t.device());
+  const c10::Storage base = t.storage();
+  auto* keep_alive = new c10::Storage(base);
+  c10::DataPtr data(const_cast<void*>(base.data()), keep_alive,
+      [](void* ctx) { delete static_cast<c10::Storage*>(ctx); }, base.device());
+  return c10::Storage(c10::Storage::use_byte_size_t(), base.nbytes(), std::move(data),
+      /*allocator=*/nullptr, /*resizable=*/false);
+}
+
+}  // namespace
 
 void init_graph_bindings(py::module& m) {
   using release = py::call_guard<py::gil_scoped_release>;
@@ -51,16 +71,27 @@ void init_graph_bindings(py::module& m) {
   // memory outlives the tree if the output does. Returned as a uint8 tensor over
   // the whole storage.
   m.def("alias_in_new_storage", [](const at::Tensor& t) {
-    TORCH_CHECK(t.device().type() == c10::DeviceType::PrivateUse1,
-        "alias_in_new_storage: expected an npu tensor, got one on ", t.device());
-    const c10::Storage base = t.storage();
-    auto* keep_alive = new c10::Storage(base);
-    c10::DataPtr data(const_cast<void*>(base.data()), keep_alive,
-        [](void* ctx) { delete static_cast<c10::Storage*>(ctx); }, base.device());
-    c10::Storage fresh(c10::Storage::use_byte_size_t(), base.nbytes(), std::move(data),
-        /*allocator=*/nullptr, /*resizable=*/false);
+    const c10::Storage fresh = storage_aliasing(t, "alias_in_new_storage");
     return at::empty({0}, t.options().dtype(at::kByte))
-        .set_(std::move(fresh), 0, {static_cast<int64_t>(base.nbytes())}, {1});
+        .set_(fresh, 0, {static_cast<int64_t>(fresh.nbytes())}, {1});
+  });
+  // Each tensor of `tensors` with its geometry over such a storage, in one
+  // call (a graph tree's replay hands its outputs out this way each step);
+  // tensors of one storage share the new one, so outputs that alias each other
+  // still do.
+  m.def("in_new_storages", [](const std::vector<at::Tensor>& tensors) {
+    std::vector<std::pair<const void*, c10::Storage>> fresh;
+    std::vector<at::Tensor> out;
+    out.reserve(tensors.size());
+    for (const at::Tensor& t : tensors) {
+      const void* key = t.storage().data();
+      auto it = std::find_if(fresh.begin(), fresh.end(), [key](const auto& f) { return f.first == key; });
+      if (it == fresh.end()) {
+        it = fresh.emplace(fresh.end(), key, storage_aliasing(t, "in_new_storages"));
+      }
+      out.push_back(at::empty({0}, t.options()).set_(it->second, t.storage_offset(), t.sizes(), t.strides()));
+    }
+    return out;
   });
   // torch._C._set_storage_access_error_msg of CUDA builds: every later access
   // of the storage's data raises `message` (an overwritten graph-tree output).
