@@ -616,11 +616,24 @@ bool NpuStream::wait_completed(uint64_t target, double timeout_s) {
       waiters.fetch_sub(1, std::memory_order_seq_cst);
     }
   } asleep(host_waiters_);
-  {
-    std::unique_lock<std::mutex> lock(mutex_);
-    if (!wait_on_host(done_cv_, lock, timeout_s, ready)) {  // Note [Interruptible host waits]
-      return false;
+  // Asleep, it is also woken by a task that shares its work (Note [A waiting host helps]).
+  auto ready_or_work = [&] { return ready() || (host && shared_work_.load(std::memory_order_seq_cst) != nullptr); };
+  using Clock = std::chrono::steady_clock;
+  const Clock::time_point deadline = Clock::now() +
+      std::chrono::duration_cast<Clock::duration>(std::chrono::duration<double>(std::max(timeout_s, 0.0)));
+  for (;;) {
+    const double left = timeout_s < 0 ? -1.0
+        : std::max(0.0, std::chrono::duration<double>(deadline - Clock::now()).count());
+    {
+      std::unique_lock<std::mutex> lock(mutex_);
+      if (!wait_on_host(done_cv_, lock, left, ready_or_work)) {  // Note [Interruptible host waits]
+        return false;
+      }
     }
+    if (ready()) {
+      break;
+    }
+    help_with_shared_work();
   }
   stop_thread_if_exiting();  // exit began during the wait: Note [Launches at exit]
   return true;
@@ -640,7 +653,8 @@ bool NpuStream::wait_completed(uint64_t target, double timeout_s) {
 // batch of independent items (the spans of a foreach copy, the counter ranges
 // of a Philox fill, whose numbers depend on the element's index only) shares
 // them (run_shared), and a host thread that waits for that stream claims items
-// between its checks of the counter it waits on (wait_completed's spin). The
+// between its checks of the counter it waits on (wait_completed's spin; a
+// host whose spin has ended and sleeps is woken by the task to help). The
 // task claims items too, and ends only when every item is done and no host is
 // inside the batch (helpers_: a host counts itself before it reads the batch,
 // and the task withdraws the batch before it waits for the count to reach
@@ -687,6 +701,10 @@ void NpuStream::run_shared(int64_t n, int64_t grain, c10::function_ref<void(int6
   }
   SharedWork work{n, grain, body};
   stream->shared_work_.store(&work, std::memory_order_seq_cst);
+  if (stream->host_waiters_.load(std::memory_order_seq_cst) > 0) {
+    { std::lock_guard<std::mutex> lock(stream->mutex_); }  // as task_done: a sleeping host wakes to help
+    stream->done_cv_.notify_all();
+  }
   work.run_claims();
   stream->shared_work_.store(nullptr, std::memory_order_seq_cst);
   // A host finishing its last claim; it yields now and then, in case that
