@@ -10,7 +10,6 @@ import torch
 
 from npusim.runtime import acl
 
-
 # About half a millisecond of torch.npu._sleep: the worker starts the shared task after the host is in
 # its wait (whose spin lasts 3 ms), even on a loaded machine.
 HEAD_START_CYCLES = 1_000_000
