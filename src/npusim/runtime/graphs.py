@@ -271,7 +271,9 @@ class _Captured:
                 return tuple(g.detach() if g is not None else None for g in captured.grad_inputs)
 
         def graphed(*user_args: Any) -> Any:
-            flat = tuple(pytree.arg_tree_leaves(*user_args))
+            # Tensors only (the common call) are their own leaves: no pytree walk per step.
+            flat = user_args if all(type(a) is torch.Tensor for a in user_args) else tuple(
+                pytree.arg_tree_leaves(*user_args))
             out = Graphed.apply(*(flat + captured.params))
             return pytree.tree_unflatten(list(out), captured.out_spec)
 
