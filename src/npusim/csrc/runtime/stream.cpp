@@ -12,6 +12,7 @@
 #include <array>
 #include <cstdlib>
 #include <cstring>
+#include <exception>
 #include <map>
 #include <sstream>
 
@@ -673,11 +674,15 @@ struct NpuStream::SharedWork {
   int64_t grain;
   c10::function_ref<void(int64_t, int64_t)> body;
   std::atomic<int64_t> next{0};
+  // The first error a claim raised, on any thread; the task rethrows it.
+  std::mutex error_mutex;
+  std::exception_ptr error;
 
   // Claims and runs items until none are left; returns the items this thread
   // ran. The plain load first keeps a thread that finds the batch exhausted
   // from writing the counter's cache line, which the other thread's next
-  // claim would then wait for.
+  // claim would then wait for. A claim that throws ends the batch for every
+  // thread, and never leaves this function: a host's error is the task's.
   int64_t run_claims() {
     int64_t ran = 0;
     while (next.load(std::memory_order_relaxed) < n) {
@@ -686,7 +691,16 @@ struct NpuStream::SharedWork {
         break;
       }
       const int64_t end = std::min(n, begin + grain);
-      body(begin, end);
+      try {
+        body(begin, end);
+      } catch (...) {
+        next.store(n, std::memory_order_relaxed);
+        const std::lock_guard<std::mutex> lock(error_mutex);
+        if (!error) {
+          error = std::current_exception();
+        }
+        break;
+      }
       ran += end - begin;
     }
     return ran;
@@ -710,6 +724,9 @@ void NpuStream::run_shared(int64_t n, int64_t grain, c10::function_ref<void(int6
   // A host finishing its last claim; it yields now and then, in case that
   // host was put aside on a loaded machine.
   while (!spin_until([stream] { return stream->helpers_.load(std::memory_order_seq_cst) == 0; }, kHostSpin)) {
+  }
+  if (work.error) {
+    std::rethrow_exception(work.error);  // the task fails: Note [Errors of asynchronous work]
   }
 }
 

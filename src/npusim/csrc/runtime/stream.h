@@ -194,7 +194,8 @@ class NpuStream {
   // Runs body(begin, end) over [0, n) in claims of `grain` items, on the
   // calling thread and, when that is a stream worker running a task, on host
   // threads that wait for its stream meanwhile (Note [A waiting host helps]).
-  // body must not throw.
+  // An error body raises, on any of those threads, stops the other claims
+  // and is rethrown here once no thread is inside the batch.
   static void run_shared(int64_t n, int64_t grain, c10::function_ref<void(int64_t, int64_t)> body);
   // The items of shared work that waiting host threads have run on this stream.
   uint64_t items_helped() const { return items_helped_.load(std::memory_order_relaxed); }
