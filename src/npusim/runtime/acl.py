@@ -201,10 +201,9 @@ NpuGraph: Any = C.NpuGraph
 graph_pool_handle: Callable[[], tuple[int, int]] = C.graph_pool_handle
 # (stream_id, device): True while a graph captures that stream.
 stream_is_capturing: Callable[[int, int], bool] = C.stream_is_capturing
-# An npu tensor's memory in a new storage that keeps the old one alive (a uint8 tensor over all of it),
-# and torch._C._set_storage_access_error_msg of CUDA builds: the npu graph trees' outputs.
-alias_in_new_storage: Callable[[torch.Tensor], torch.Tensor] = C.alias_in_new_storage
-# Each npu tensor's geometry over such a storage, one per storage they share, in one call.
+# The npu graph trees' outputs: each npu tensor's geometry over a new storage that aliases its memory and
+# keeps the old storage alive, one per storage they share, in one call; and
+# torch._C._set_storage_access_error_msg of CUDA builds.
 in_new_storages: Callable[[list[torch.Tensor]], list[torch.Tensor]] = C.in_new_storages
 set_storage_access_error: Callable[[torch.Tensor, str], None] = C.set_storage_access_error
 

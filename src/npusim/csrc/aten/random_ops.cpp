@@ -134,7 +134,9 @@ void run_random_op(c10::DeviceIndex device, int64_t numel, size_t device_bytes, 
     if (!runs) {
       return;  // Note [Plan mode]: the draws are taken (the offset advanced), not written
     }
-    apply_user_intraop_threads(numel, /*pointwise=*/true);  // element i comes from block offset + i
+    // The team of the CPU copy a non-contiguous fill ends with; the draws are
+    // split by run_shared, element i from block offset + i whoever writes it.
+    apply_user_intraop_threads(numel, /*pointwise=*/true);
     fill(state.unpack());
   }, 0.0, launch.op);
 }

@@ -15,7 +15,7 @@ namespace npusim {
 namespace {
 
 // A new storage over the memory of npu tensor `t`'s storage that keeps that
-// storage alive (see alias_in_new_storage below).
+// storage alive (see in_new_storages below).
 c10::Storage storage_aliasing(const at::Tensor& t, const char* op) {
   TORCH_CHECK(t.device().type() == c10::DeviceType::PrivateUse1, op, ": expected an npu tensor, got one on ",
       t.device());
@@ -68,17 +68,10 @@ void init_graph_bindings(py::module& m) {
   // of their own that aliases the node's static output memory (as CUDA's trees
   // rebuild outputs from data pointers): marking them overwritten must not mark
   // the node's static outputs. The new storage keeps the old one alive, so the
-  // memory outlives the tree if the output does. Returned as a uint8 tensor over
-  // the whole storage.
-  m.def("alias_in_new_storage", [](const at::Tensor& t) {
-    const c10::Storage fresh = storage_aliasing(t, "alias_in_new_storage");
-    return at::empty({0}, t.options().dtype(at::kByte))
-        .set_(fresh, 0, {static_cast<int64_t>(fresh.nbytes())}, {1});
-  });
-  // Each tensor of `tensors` with its geometry over such a storage, in one
-  // call (a graph tree's replay hands its outputs out this way each step);
-  // tensors of one storage share the new one, so outputs that alias each other
-  // still do.
+  // memory outlives the tree if the output does. Each tensor of `tensors` gets
+  // its geometry over such a storage, in one call (a replay hands its outputs
+  // out this way each step); tensors of one storage share the new one, so
+  // outputs that alias each other still do.
   m.def("in_new_storages", [](const std::vector<at::Tensor>& tensors) {
     std::vector<std::pair<const void*, c10::Storage>> fresh;
     std::vector<at::Tensor> out;

@@ -599,7 +599,8 @@ bool NpuStream::wait_completed(uint64_t target, double timeout_s) {
             std::chrono::duration_cast<std::chrono::steady_clock::duration>(std::chrono::duration<double>(timeout_s)));
   const bool host = !on_stream_worker();
   auto ready_or_help = [&] {
-    if (host) {
+    // The inline check keeps the spin's turn a pair of loads while nothing is shared.
+    if (host && shared_work_.load(std::memory_order_relaxed) != nullptr) {
       help_with_shared_work();  // Note [A waiting host helps]
     }
     return ready();
