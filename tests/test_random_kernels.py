@@ -4,7 +4,10 @@ The batched kernels (Note [Philox blocks in batches] in ``csrc/aten/philox_block
 exactly the numbers the one-block-at-a-time kernels drew, whatever the thread count and however a
 tensor is split into chunks: the words are checked against an independent Philox reference written
 here with numpy, the libm-free ops against digests stored from the kernels before the change, and
-the transforms that call libm (normal_) against the reference with the same libm functions.
+the transforms that called libm (normal_) against the reference with the same libm functions. The
+float normal_ now runs glibc's log1pf and cosf operation by operation over vectors (Note [Box-Muller
+bit for bit] in ``csrc/aten/box_muller.h``): every input those take is checked, form against form
+and against this machine's libm, and the outputs against digests stored while normal_ called libm.
 """
 
 from __future__ import annotations
@@ -12,7 +15,9 @@ from __future__ import annotations
 import ctypes
 import ctypes.util
 import hashlib
+import platform
 from collections.abc import Callable, Iterator
+from pathlib import Path
 
 import numpy as np
 import pytest
@@ -98,6 +103,8 @@ _OPS: dict[str, Callable[[torch.Tensor], torch.Tensor]] = {
     "random": lambda t: t.random_(0, 100),
     "dropout": lambda t: F.dropout(t.fill_(1.5), 0.3, training=True),
     "dropout_mask": lambda t: torch.ops.aten.native_dropout(t.fill_(-2.0), 0.4, True)[1].to(t.dtype),
+    "normal": lambda t: t.normal_(1.5, 2.0),
+    "log_normal": lambda t: t.log_normal_(0.25, 0.5),
 }
 
 # sha256[:16] of the outputs' bytes, drawn with seed 123 by the one-block-at-a-time kernels of
@@ -117,6 +124,16 @@ _STORED = {
     ("uniform", torch.float64): "f153fa3519810024",
     ("bernoulli", torch.float64): "8d159668e7cab9f6",
     ("dropout", torch.float64): "13810d61c1c20d75",
+    # normal_ and log_normal_ as they were drawn at 6212a27, calling libm's log1pf and cosf one
+    # element at a time (float, half, bfloat16) and log1p and cos (double)
+    ("normal", torch.float32): "6008f97c2459ab8c",
+    ("log_normal", torch.float32): "ace117ee5523a575",
+    ("normal", torch.float16): "166d3e28bab4f035",
+    ("log_normal", torch.float16): "df49d5fedca88909",
+    ("normal", torch.bfloat16): "04438b8bfd8742e5",
+    ("log_normal", torch.bfloat16): "e1c18bda83040b45",
+    ("normal", torch.float64): "253934a037ae6f5a",
+    ("log_normal", torch.float64): "a291e048df6f5156",
 }
 
 
@@ -214,3 +231,42 @@ def test_a_small_random_op_behind_pending_work_is_a_task_in_stream_order():
     assert _tasks(stream) == before + 2
     torch.npu.synchronize()
     assert t.max().item() < 1
+
+
+def test_transposed_normal_draws_the_stored_numbers():
+    """A non-contiguous float normal_ (a dense temporary copied into it) has the digest it had at 6212a27."""
+    torch.manual_seed(SEED)
+    assert _digest(_transposed(torch.float32).normal_(1.5, 2.0).cpu()) == "a6b33c48617cc1a3"
+
+
+@pytest.mark.parametrize("form", ["auto", "avx2", "avx512"])
+def test_every_form_of_box_muller_equals_the_portable_form_on_every_input(form: str):
+    """The vector forms' log1pf and cosf agree bit for bit with the scalar one on all 2^24 inputs of each."""
+    counts = acl.box_muller_mismatches(form, "portable")
+    if counts is None:
+        pytest.skip(f"this machine has no {form} form")
+    assert counts == (0, 0)
+
+
+def _glibc_picks_its_fma_cosf() -> bool:
+    """glibc >= 2.28 (ARM's cosf) on an x86-64 CPU with FMA, where its ifunc takes s_cosf-fma."""
+    name, version = platform.libc_ver()
+    if name != "glibc" or platform.machine() != "x86_64" or not version:
+        return False
+    cpuinfo = Path("/proc/cpuinfo")
+    flags = cpuinfo.read_text().split() if cpuinfo.exists() else []
+    return tuple(int(part) for part in version.split(".")[:2]) >= (2, 28) and "fma" in flags
+
+
+@pytest.mark.parametrize("form", ["auto", "portable"])
+def test_box_muller_equals_glibc_on_every_input(form: str):
+    """On every input, log1pf and cosf give what glibc's do where it takes its FMA cosf: the numbers
+    normal_ drew while it called libm."""
+    if not _glibc_picks_its_fma_cosf():
+        pytest.skip("this machine's libm is not glibc >= 2.28 with its x86-64 FMA cosf")
+    assert acl.box_muller_mismatches(form, "libm") == (0, 0)
+
+
+def test_box_muller_rejects_unknown_forms_and_references():
+    assert acl.box_muller_mismatches("avx1024", "portable") is None
+    assert acl.box_muller_mismatches("portable", "musl") is None

@@ -40,12 +40,16 @@ def unit_members(unit: str) -> list[str]:
 
 
 # -g0: no debug info (Python's own flags ask for -g), which makes the build faster and the libraries small.
-CFLAGS = ("-O2", "-g0", "-Wno-unused-parameter")
+# -ffp-contract=off: a product and a sum stay two roundings where code built
+# for FMA (a target attribute) could fuse them; Note [Box-Muller bit for bit]
+# reproduces libm's roundings operation by operation.
+CFLAGS = ("-O2", "-g0", "-Wno-unused-parameter", "-ffp-contract=off")
 
 
 def source_hash(sources: tuple[str, ...], torch_version: str) -> str:
-    """Hash of the torch version, the units, the files they include and every header."""
+    """Hash of the torch version, the compiler flags, the units, the files they include and every header."""
     digest = hashlib.sha256(torch_version.encode())
+    digest.update(" ".join(CFLAGS).encode())
     headers = sorted(p.relative_to(CSRC).as_posix() for p in CSRC.rglob("*.h"))
     members = [member for unit in sources for member in unit_members(unit)]
     for rel in sorted(set(sources)) + sorted(set(members)) + headers:

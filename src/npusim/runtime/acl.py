@@ -193,6 +193,10 @@ default_generator: Callable[[int], torch.Generator] = C.default_generator
 # ("auto", "portable", "avx2", "avx512"; Note [Philox blocks in batches]), an int64 tensor [n, 4];
 # None where the machine lacks the form.
 philox_words: Callable[[str, int, int, int], torch.Tensor | None] = C.philox_words
+# (form, reference): over every input the float normal_'s log1pf and cosf take, how many results of
+# form ("auto", "portable", "avx2") differ from reference's ("portable", or "libm": this machine's),
+# as (log1pf, cosf) counts; None where the machine lacks either (Note [Box-Muller bit for bit]).
+box_muller_mismatches: Callable[[str, str], tuple[int, int] | None] = C.box_muller_mismatches
 
 # ---- graphs (aclmdlRICaptureBegin / End, aclmdlRIExecuteAsync) --------------
 

@@ -14,6 +14,7 @@
 #include "host_transfer.h"
 #include "intraop_threads.h"
 #include "launch/op_launch.h"
+#include "box_muller.h"
 #include "philox_blocks.h"
 
 #include <ATen/ATen.h>
@@ -61,22 +62,12 @@ double open_unit(uint64_t v) {
   return (static_cast<double>(v >> 12) + 0.5) * 0x1.0p-52;
 }
 
-// [0, 1) in the op's math type: 53 bits for double, 24 for float (which
-// half and bfloat16 compute in, as CUDA's curand_normal4 does).
-template <typename acc_t>
-acc_t unit_as(uint64_t v) {
-  if constexpr (std::is_same_v<acc_t, double>) {
-    return unit(v);
-  } else {
-    return static_cast<float>(static_cast<uint32_t>(v) >> 8) * 0x1.0p-24f;
-  }
-}
-
-// A standard normal sample: Box-Muller over the block's two halves.
-template <typename acc_t>
-acc_t standard_normal(const PhiloxBlock& b) {
-  const acc_t radius = std::sqrt(static_cast<acc_t>(-2) * std::log1p(-unit_as<acc_t>(b.lo())));
-  return radius * std::cos(static_cast<acc_t>(2) * c10::pi<acc_t> * unit_as<acc_t>(b.hi()));
+// A double standard normal: Box-Muller over the block's two halves, 53
+// random bits each (float math's, 24 bits each as CUDA's curand_normal4, is
+// standard_normal_floats: Note [Box-Muller bit for bit]).
+double standard_normal_double(const PhiloxBlock& b) {
+  const double radius = std::sqrt(-2.0 * std::log1p(-unit(b.lo())));
+  return radius * std::cos(2.0 * c10::pi<double> * unit(b.hi()));
 }
 
 c10::DeviceIndex npu_device_of(const Tensor& self, const Gen& gen, const char* op) {
@@ -96,25 +87,49 @@ struct RandomLaunch {
   const char* op;
 };
 
-// Writes value(block, i) to out[i] for i in [0, numel), from block offset + i
-// (Note [npu Philox stream]). The blocks come kPhiloxBatch at a time (Note
-// [Philox blocks in batches]); each range starts at its own element, so the
-// numbers do not depend on which thread writes which range: the stream's
-// worker, and a host that waits for the stream meanwhile (Note [A waiting
-// host helps]).
-template <typename scalar_t, typename F>
-void philox_write_dense(scalar_t* out, int64_t numel, const PhiloxInputs& in, const F& value) {
+// Writes the elements [0, numel) of `out` from the blocks at offset + i (Note
+// [npu Philox stream]), kPhiloxBatch blocks at a time (Note [Philox blocks in
+// batches]): write(batch, first, count, out + first) writes elements first ..
+// first + count - 1 from lanes 0 .. count - 1. Each range starts at its own
+// element, so the numbers do not depend on which thread writes which range:
+// the stream's worker, and a host that waits for the stream meanwhile (Note
+// [A waiting host helps]).
+template <typename scalar_t, typename W>
+void philox_write_dense(scalar_t* out, int64_t numel, const PhiloxInputs& in, const W& write) {
   NpuStream::run_shared(numel, kElementsPerClaim, [&](int64_t begin, int64_t end) {
     PhiloxBatch batch;
     for (int64_t first = begin; first < end; first += kPhiloxBatch) {
-      const int64_t count = std::min<int64_t>(kPhiloxBatch, end - first);
-      philox_blocks(in.seed, in.offset, static_cast<uint64_t>(first), static_cast<int>(count), batch);
-      for (int64_t j = 0; j < count; ++j) {
-        const PhiloxBlock b{{batch.x[0][j], batch.x[1][j], batch.x[2][j], batch.x[3][j]}};
-        out[first + j] = value(b, first + j);
-      }
+      const int count = static_cast<int>(std::min<int64_t>(kPhiloxBatch, end - first));
+      philox_blocks(in.seed, in.offset, static_cast<uint64_t>(first), count, batch);
+      write(batch, first, count, out + first);
     }
   });
+}
+
+// The batch writer of an element transform: element first + j is
+// value(block j, first + j).
+template <typename F>
+auto each_element(F value) {
+  return [value](const PhiloxBatch& batch, int64_t first, int count, auto* out) {
+    for (int j = 0; j < count; ++j) {
+      const PhiloxBlock b{{batch.x[0][j], batch.x[1][j], batch.x[2][j], batch.x[3][j]}};
+      out[j] = value(b, first + j);
+    }
+  };
+}
+
+// The batch writer of a float-math normal_ or log_normal_: each element is
+// transform(z) of its block's standard normal z, the lanes' z computed
+// together (Note [Box-Muller bit for bit]).
+template <typename scalar_t, typename F>
+auto each_standard_normal_float(F transform) {
+  return [transform](const PhiloxBatch& batch, int64_t, int count, scalar_t* out) {
+    float normals[kPhiloxBatch];
+    standard_normal_floats(batch, count, normals);
+    for (int j = 0; j < count; ++j) {
+      out[j] = static_cast<scalar_t>(transform(normals[j]));
+    }
+  };
 }
 
 // Runs `fill` (which writes the op's output from the Philox inputs it is
@@ -155,23 +170,44 @@ struct DeviceSpan {
       : storage(t.storage()), data(static_cast<scalar_t*>(t.data_ptr())), numel(t.numel()) {}
 };
 
-// Writes value(block, i) to element i (row-major logical order) of `self` in
-// stream order: in place when it is contiguous, else through a dense
-// temporary copied into a CPU alias of it. `value` is copied into the task.
-template <typename scalar_t, typename F>
-void philox_fill(const Tensor& self, const RandomLaunch& launch, F value) {
+// Fills `self`, element i in row-major logical order from the block at
+// offset + i, with the batch writer `write` (philox_write_dense) in stream
+// order: in place when it is contiguous, else through a dense temporary
+// copied into a CPU alias of it. `write` is copied into the task.
+template <typename scalar_t, typename W>
+void philox_fill_batches(const Tensor& self, const RandomLaunch& launch, W write) {
   const c10::DeviceIndex device = self.device().index();
   if (self.is_contiguous()) {
-    run_random_op(device, self.numel(), self.numel() * sizeof(scalar_t), launch, [target = DeviceSpan<scalar_t>(self), value](const PhiloxInputs& in) {
-      philox_write_dense(target.data, target.numel, in, value);
+    run_random_op(device, self.numel(), self.numel() * sizeof(scalar_t), launch, [target = DeviceSpan<scalar_t>(self), write](const PhiloxInputs& in) {
+      philox_write_dense(target.data, target.numel, in, write);
     });
     return;
   }
-  run_random_op(device, self.numel(), self.numel() * sizeof(scalar_t), launch, [cpu = cpu_alias(self), value](const PhiloxInputs& in) {
+  run_random_op(device, self.numel(), self.numel() * sizeof(scalar_t), launch, [cpu = cpu_alias(self), write](const PhiloxInputs& in) {
     const Tensor dense = at::empty(cpu.sizes(), cpu.options());
-    philox_write_dense(dense.data_ptr<scalar_t>(), cpu.numel(), in, value);
+    philox_write_dense(dense.data_ptr<scalar_t>(), cpu.numel(), in, write);
     host_copy(cpu, dense);
   });
+}
+
+// philox_fill_batches with an element transform: element i is value(block, i).
+template <typename scalar_t, typename F>
+void philox_fill(const Tensor& self, const RandomLaunch& launch, F value) {
+  philox_fill_batches<scalar_t>(self, launch, each_element(std::move(value)));
+}
+
+// Fills `self` with transform(z) of each element's standard normal z in the
+// op's math type acc_t: float's many lanes at a time (Note [Box-Muller bit
+// for bit]), double's one block at a time.
+template <typename scalar_t, typename acc_t, typename F>
+void philox_fill_normal(const Tensor& self, const RandomLaunch& launch, F transform) {
+  if constexpr (std::is_same_v<acc_t, float>) {
+    philox_fill_batches<scalar_t>(self, launch, each_standard_normal_float<scalar_t>(std::move(transform)));
+  } else {
+    philox_fill<scalar_t>(self, launch, [transform](const PhiloxBlock& b, int64_t) {
+      return static_cast<scalar_t>(transform(standard_normal_double(b)));
+    });
+  }
 }
 
 // Takes this op's Philox state (the order of launches is the order of draws).
@@ -207,8 +243,8 @@ struct NormalKernel {
       using acc_t = at::opmath_type<scalar_t>;
       const auto m = static_cast<acc_t>(mean);
       const auto s = static_cast<acc_t>(std);
-      philox_fill<scalar_t>(self, in, [=](const PhiloxBlock& b, int64_t) {
-        return static_cast<scalar_t>(at::transformation::normal(standard_normal<acc_t>(b), m, s));
+      philox_fill_normal<scalar_t, acc_t>(self, in, [=](acc_t z) {
+        return at::transformation::normal(z, m, s);
       });
     });
   }
@@ -223,9 +259,8 @@ struct LogNormalKernel {
       using acc_t = at::opmath_type<scalar_t>;
       const auto m = static_cast<acc_t>(mean);
       const auto s = static_cast<acc_t>(std);
-      philox_fill<scalar_t>(self, in, [=](const PhiloxBlock& b, int64_t) {
-        return static_cast<scalar_t>(
-            at::transformation::log_normal(at::transformation::normal(standard_normal<acc_t>(b), m, s)));
+      philox_fill_normal<scalar_t, acc_t>(self, in, [=](acc_t z) {
+        return at::transformation::log_normal(at::transformation::normal(z, m, s));
       });
     });
   }
@@ -480,12 +515,12 @@ std::tuple<Tensor, Tensor> native_dropout(const Tensor& input, double p, std::op
           // all three contiguous, of one shape: element i of each is at offset i
           const scalar_t* source = x.data;
           scalar_t* target = out.data;
-          philox_write_dense(m.data, m.numel, in, [&](const PhiloxBlock& b, int64_t i) {
+          philox_write_dense(m.data, m.numel, in, each_element([&](const PhiloxBlock& b, int64_t i) {
             const bool kept = at::transformation::bernoulli(unit(b.lo()), keep);
             const auto dropped = static_cast<scalar_t>(source[i] * static_cast<scalar_t>(kept));
             target[i] = static_cast<scalar_t>(static_cast<opmath_t>(dropped) * scale);
             return kept;
-          });
+          }));
         });
   });
   return {output, mask};

@@ -14,6 +14,7 @@
 #include "../aten/launch/meta_cache.h"
 #include "../aten/launch/op_launch.h"
 #include "../aten/launch/op_task.h"
+#include "../aten/box_muller.h"
 #include "../aten/philox_blocks.h"
 #include "../aten/primitives.h"
 
@@ -84,6 +85,17 @@ void init_ops_bindings(py::module& m) {
       data[i] = words[i];
     }
     return py::cast(out);
+  });
+
+  // Note [Box-Muller bit for bit]: over every input, how many log1pf and cosf
+  // results of a form differ from a reference's; None for one this machine lacks.
+  m.def("box_muller_mismatches", [](const std::string& form, const std::string& reference) -> py::object {
+    int64_t log1p_mismatches = 0;
+    int64_t cos_mismatches = 0;
+    if (!npusim::box_muller_mismatches(form.c_str(), reference.c_str(), log1p_mismatches, cos_mismatches)) {
+      return py::none();
+    }
+    return py::make_tuple(log1p_mismatches, cos_mismatches);
   });
 
   m.def("cached_meta_plans", &npusim::cached_meta_plans);

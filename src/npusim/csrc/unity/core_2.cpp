@@ -15,6 +15,7 @@
 #include "../aten/intraop_threads.cpp"
 #include "../aten/generator.cpp"
 #include "../aten/philox_blocks.cpp"
+#include "../aten/box_muller.cpp"
 #include "../aten/random_ops.cpp"
 #include "../aten/cuda_semantics.cpp"
 #include "../aten/attention.cpp"
