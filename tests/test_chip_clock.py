@@ -15,7 +15,7 @@ import pytest
 import torch
 
 import npusim
-from npusim.runtime import collective_cost, cost_model, overlap
+from npusim.runtime import chip_clock, collective_cost, cost_model, overlap
 from npusim.runtime.profiles import get_profile
 from npusim.testing.ranks import run_ranks
 
@@ -101,6 +101,26 @@ def test_the_measured_host_mode_adds_this_cpus_time_between_launches():
         npusim.timing.parse("host=fast")
     with pytest.raises(ValueError, match="host must be one of"):
         npusim.timing.set(launch_us=1, host="fast")
+
+
+def test_a_range_that_ends_just_before_a_sample_of_the_host_clock_includes_it(monkeypatch: pytest.MonkeyPatch):
+    """The profiler and npusim convert the approximate clock each with its own converter (about 0.25 us
+    apart): a range's end stamped up to END_TOLERANCE_NS before a move of the host's clock (a wait's jump,
+    sampled just before the op that waited ends its range) includes the move; a start, or an end stamped
+    earlier than that, does not."""
+    anchor_ns, anchor_us = 1_000_000, 50.0
+    times, chip_us = [1_000_000, 1_010_000, 1_020_000], [50.0, 72.5, 272.5]  # launch, then a wait's jump
+    monkeypatch.setattr(chip_clock, "_samples", lambda: ((anchor_ns, anchor_us), times, chip_us))
+
+    def on_axis(us: float) -> int:
+        return anchor_ns + round((us - anchor_us) * 1e3)
+
+    assert chip_clock.END_TOLERANCE_NS == 500
+    assert chip_clock.host_ns_to_chip_ns(1_019_800) == on_axis(72.5)
+    assert chip_clock.host_ns_to_chip_ns(1_019_800, end=True) == on_axis(272.5)
+    assert chip_clock.host_ns_to_chip_ns(1_019_400, end=True) == on_axis(72.5)
+    assert chip_clock.host_ns_to_chip_ns(1_020_000) == on_axis(272.5)
+    assert chip_clock.host_ns_to_chip_ns(999_000) == on_axis(50.0)  # before the first sample: the anchor's
 
 
 def test_waits_carry_chip_time_between_streams():

@@ -13,6 +13,17 @@ recorded, the core notes (profiler ns, host chip us) at each change of the host'
 then. A host range then lasts, on the chip's axis, what the host's clock moved inside it: a range
 that launches one kernel lasts the launch's host cost, one that waits lasts the wait. With the
 timing model off when the recording started, the mapping is the identity.
+
+The samples and the profiler's host events are stamped with the same clock (the approximate clock
+the profiler reads), but each side converts it to nanoseconds with its own converter, and two
+converters started together disagree by a constant of up to about 0.25 us on this project's VM
+(each takes its offset from one clock reading). A wait's jump is sampled a few hundred nanoseconds
+before the op that waited ends its range, close enough for that disagreement to put the range's
+end first, so that the range ended, on the chip's axis, before the wait (test_timeline failed so,
+1 run in 14 beside two busy loops). So the end of a range is taken to come after a sample stamped
+up to :data:`END_TOLERANCE_NS` after it: a range ending that close before a move of the host's
+clock includes the move. The next op's moves come microseconds later (its launch at least); a
+range's start is mapped as stamped, since its own op's launch may follow it within a microsecond.
 """
 
 from __future__ import annotations
@@ -24,6 +35,9 @@ from npusim.runtime import acl
 __all__ = ["host_ns_to_chip_ns"]
 
 _cache: tuple[tuple[int, float], list[int], list[float]] | None = None
+
+# How much later than its conversion the end of a host range is compared with the samples (see above).
+END_TOLERANCE_NS = 500
 
 
 def _samples() -> tuple[tuple[int, float], list[int], list[float]]:
@@ -42,12 +56,13 @@ def refresh() -> None:
     _cache = None
 
 
-def host_ns_to_chip_ns(ns: int) -> int:
-    """Maps a host timestamp of the profiler (ns) to the chip clock on the same axis."""
+def host_ns_to_chip_ns(ns: int, *, end: bool = False) -> int:
+    """Maps a host timestamp of the profiler (ns) to the chip clock on the same axis; ``end``: the
+    timestamp ends a range (it then includes moves of the host's clock up to END_TOLERANCE_NS later)."""
     (anchor_ns, anchor_us), times, chip_us = _samples()
     if not times:  # the recording did not start on the chip clock
         return ns
-    i = bisect.bisect_right(times, ns) - 1
+    i = bisect.bisect_right(times, ns + (END_TOLERANCE_NS if end else 0)) - 1
     return anchor_ns + round((chip_us[max(i, 0)] - anchor_us) * 1e3)
 
 
@@ -64,15 +79,15 @@ def map_chrome_trace(trace: dict) -> dict:
     base_ns = int(trace.get("baseTimeNanoseconds", 0))
     refresh()
 
-    def chip_us(ts_us: float) -> float:
-        return (host_ns_to_chip_ns(base_ns + round(ts_us * 1e3)) - base_ns) / 1e3
+    def chip_us(ts_us: float, end: bool = False) -> float:
+        return (host_ns_to_chip_ns(base_ns + round(ts_us * 1e3), end=end) - base_ns) / 1e3
 
     for event in trace.get("traceEvents", []):
         if event.get("cat") in DEVICE_CATEGORIES or "ts" not in event or event.get("ph") == "M":
             continue
         start = float(event["ts"])
         if event.get("ph") == "X":
-            end = chip_us(start + float(event.get("dur", 0)))
+            end = chip_us(start + float(event.get("dur", 0)), end=True)
             event["ts"] = chip_us(start)
             event["dur"] = max(end - event["ts"], 0.0)
         elif event.get("ph") != "f":  # a flow's end sits on its device activity

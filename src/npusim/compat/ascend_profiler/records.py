@@ -169,7 +169,7 @@ def collect(prof: Any) -> Records:
             category = ("python_function" if event.is_python_function else
                         "user_annotation" if event.is_user_annotation else "cpu_op")
             parent = ids.get(id(event.cpu_parent), 0) if event.cpu_parent is not None else 0
-            host.append(HostOp(ids[id(event)], name, host_ns_to_chip_ns(start_ns), host_ns_to_chip_ns(end_ns),
+            host.append(HostOp(ids[id(event)], name, host_ns_to_chip_ns(start_ns), host_ns_to_chip_ns(end_ns, end=True),
                                event.thread, parent, category, _joined(event.input_shapes),
                                ";".join(str(t) for t in event.input_dtypes or []), _call_stack(event),
                                event.sequence_nr, event.fwd_thread or 0))

@@ -83,24 +83,38 @@ double thread_cpu_us() {
 }
 
 // ---- the profiler's axis
+// The host clock's samples are stamped with the clock the profiler stamps
+// host events with (c10::getApproximateTime) and converted to nanoseconds
+// as it converts them: by an ApproximateClockToUnixTimeConverter started with
+// the recording, finished when the samples are read. Stamped with
+// c10::getTime instead, a sample and a host event taken microseconds apart
+// could swap order on the axis (the converted approximate clock and getTime
+// differed by up to 5 us over 2 s on this project's VM).
 std::mutex& g_axis_mutex = *new std::mutex();
 int64_t g_anchor_ns = 0;
 double g_anchor_chip_us = 0.0;
-std::vector<std::pair<int64_t, double>>& g_samples = *new std::vector<std::pair<int64_t, double>>();
+c10::ApproximateClockToUnixTimeConverter* g_axis_converter = nullptr;
+std::vector<std::pair<c10::approx_time_t, double>>& g_samples =
+    *new std::vector<std::pair<c10::approx_time_t, double>>();
 
-// Samples are kept while a recording that began on the chip clock goes on.
-void sample_host_clock(double chip_us) {
-  if (!recording_device_activities()) {
-    return;
-  }
-  std::lock_guard<std::mutex> lock(g_axis_mutex);
-  if (!g_samples.empty()) {
-    g_samples.emplace_back(c10::getTime(), chip_us);
-  }
-}
-
-// Moves the host clock to max(clock, chip_us) or on by `us`; returns the old value.
+// Moves the host clock to max(clock, at_least) or on by `us`; returns the old
+// value. While a recording that began on the chip clock goes on, the move is
+// sampled, stamped before the new value can be seen: a host range that ends
+// after another thread's move ends after that move's sample too, even when
+// this thread found the clock moved already and made no sample of its own
+// (stamped after the move, a descheduled thread's sample could land after
+// such a range's end, which then mapped to the clock before the move:
+// test_timeline's legacy _foreach_copy_ "returned before its copy finished"
+// in 1 run of 8 beside two busy loops). The lock keeps the samples in stamp
+// order.
 double advance_host(double us, double at_least) {
+  std::unique_lock<std::mutex> lock(g_axis_mutex, std::defer_lock);
+  c10::approx_time_t stamp{};
+  const bool sampled = recording_device_activities();
+  if (sampled) {
+    lock.lock();
+    stamp = c10::getApproximateTime();
+  }
   double old = g_host_clock.load(std::memory_order_acquire);
   double next = 0.0;
   do {
@@ -109,7 +123,9 @@ double advance_host(double us, double at_least) {
       return old;
     }
   } while (!g_host_clock.compare_exchange_weak(old, next, std::memory_order_acq_rel));
-  sample_host_clock(next);
+  if (sampled && !g_samples.empty()) {
+    g_samples.emplace_back(stamp, next);
+  }
   return old;
 }
 
@@ -214,11 +230,13 @@ void forget_task_span() {
 
 void anchor_profiler_axis() {
   std::lock_guard<std::mutex> lock(g_axis_mutex);
+  delete g_axis_converter;
+  g_axis_converter = new c10::ApproximateClockToUnixTimeConverter();  // measures its start pairs
   g_anchor_ns = c10::getTime();
   g_anchor_chip_us = host_clock_us();
   g_samples.clear();
   if (chip_clock_on()) {
-    g_samples.emplace_back(g_anchor_ns, g_anchor_chip_us);
+    g_samples.emplace_back(c10::getApproximateTime(), g_anchor_chip_us);
   }
 }
 
@@ -229,7 +247,18 @@ int64_t chip_us_to_profiler_ns(double chip_us) {
 
 std::vector<std::pair<int64_t, double>> host_clock_samples() {
   std::lock_guard<std::mutex> lock(g_axis_mutex);
-  return g_samples;
+  std::vector<std::pair<int64_t, double>> samples;
+  if (g_samples.empty()) {
+    return samples;
+  }
+  const auto to_ns = g_axis_converter->makeConverter();  // measures its end pairs now
+  samples.reserve(g_samples.size());
+  for (const auto& [approx, chip_us] : g_samples) {
+    // The converter maps a time before its start pairs to 0; no sample is (the first is taken after).
+    const int64_t ns = to_ns(approx);
+    samples.emplace_back(ns > 0 ? ns : g_anchor_ns, chip_us);
+  }
+  return samples;
 }
 
 std::pair<int64_t, double> profiler_axis_anchor() {

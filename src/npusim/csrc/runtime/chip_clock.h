@@ -80,7 +80,10 @@ void forget_task_span();
 // host ranges can be mapped onto the same axis (npusim/runtime/chip_clock.py).
 void anchor_profiler_axis();
 int64_t chip_us_to_profiler_ns(double chip_us);
-// (profiler ns, host chip us) at each change of the host's clock while recording.
+// (profiler ns, host chip us) at each change of the host's clock while
+// recording, stamped with the profiler's own clock and converted as it
+// converts its events (chip_clock.cpp), so that samples and host events keep
+// their order on the axis.
 std::vector<std::pair<int64_t, double>> host_clock_samples();
 std::pair<int64_t, double> profiler_axis_anchor();
 
