@@ -35,10 +35,14 @@ namespace npusim {
 // the machine's libm (tests/test_random_kernels.py). sqrtf and the products
 // and sums around the two calls are IEEE operations in any form. The numbers
 // are those normal_ drew before (its stored digests are unchanged), and they
-// no longer depend on the machine: glibc on a CPU without FMA, or another
-// libm, rounds some cosf results differently; every machine now gets the
-// FMA build's. The forms: AVX2 with FMA where the CPU has both, else the
-// portable scalar one (std::fma, exact in software where the CPU has none).
+// no longer depend on the machine's libm. (glibc's cosf built without FMA,
+// separate products and sums, gives the same bits on all 2^24 inputs here, in
+// a C loop on this VM; other libms were not compared.) The forms: AVX-512
+// (16 float and 8 double lanes) where the CPU has it, else AVX2 with FMA (8
+// and 4) where it has both, else the portable scalar one (std::fma, exact in
+// software where the CPU has none: slower than libm there). One form per
+// instruction set, as philox_blocks' (a target attribute cannot vary with a
+// template's arguments).
 // The AVX2 form's functions take 1.6 (log1pf) and 1.5 (cosf) ns per element
 // in C loops over cached arrays on this VM, against libm's 5.0 and 2.4.
 
