@@ -103,10 +103,9 @@ std::vector<std::pair<c10::approx_time_t, double>>& g_samples =
 // after another thread's move ends after that move's sample too, even when
 // this thread found the clock moved already and made no sample of its own
 // (stamped after the move, a descheduled thread's sample could land after
-// such a range's end, which then mapped to the clock before the move:
-// test_timeline's legacy _foreach_copy_ "returned before its copy finished"
-// in 1 run of 8 beside two busy loops). The lock keeps the samples in stamp
-// order.
+// such a range's end, which then mapped to the clock before the move: a race
+// found reading this code while chasing test_timeline's flake, not one seen
+// in a trace). The lock keeps the samples in stamp order.
 double advance_host(double us, double at_least) {
   std::unique_lock<std::mutex> lock(g_axis_mutex, std::defer_lock);
   c10::approx_time_t stamp{};
