@@ -1,6 +1,8 @@
 // See Note [Box-Muller bit for bit].
 #include "box_muller.h"
 
+#include <c10/util/bit_cast.h>
+
 #include <cmath>
 #include <cstring>
 #include <vector>
@@ -12,18 +14,6 @@
 namespace npusim {
 namespace {
 namespace glibc_float {
-
-uint32_t bits_of(float f) {
-  uint32_t u;
-  std::memcpy(&u, &f, sizeof u);
-  return u;
-}
-
-float float_of(uint32_t u) {
-  float f;
-  std::memcpy(&f, &u, sizeof f);
-  return f;
-}
 
 // s_log1pf.c's constants: ln 2 in two parts and the polynomial in s^2.
 constexpr float kLn2Hi = 6.9313812256e-01f;
@@ -64,7 +54,7 @@ constexpr uint32_t kTopBelow2p12 = 0x398;
 
 // log1pf(x) for x in (-1, 0], in s_log1pf.c's float operations.
 float log1pf_scalar(float x) {
-  const auto hx = static_cast<int32_t>(bits_of(x));
+  const auto hx = static_cast<int32_t>(c10::bit_cast<uint32_t>(x));
   const int32_t ax = hx & 0x7fffffff;
   if (ax < kAbsBelow2p29) {
     return ax < kAbsBelow2p54 ? x : x - x * x * 0.5f;
@@ -75,16 +65,16 @@ float log1pf_scalar(float x) {
   float c = 0.0f;
   if (ax > kAbsNoReduction) {
     float u = 1.0f + x;
-    hu = static_cast<int32_t>(bits_of(u));
+    hu = static_cast<int32_t>(c10::bit_cast<uint32_t>(u));
     k = (hu >> 23) - 127;
     c = (k > 0) ? 1.0f - (u - x) : x - (u - 1.0f);
     c /= u;
     hu &= 0x007fffff;
     if (hu < kMantissaBelowSqrt2) {
-      u = float_of(static_cast<uint32_t>(hu) | 0x3f800000u);
+      u = c10::bit_cast<float>(static_cast<uint32_t>(hu) | 0x3f800000u);
     } else {
       k += 1;
-      u = float_of(static_cast<uint32_t>(hu) | 0x3f000000u);
+      u = c10::bit_cast<float>(static_cast<uint32_t>(hu) | 0x3f000000u);
       hu = (0x00800000 - hu) >> 2;
     }
     f = u - 1.0f;
@@ -125,7 +115,7 @@ double sin_polynomial(double x, double x2) {
 // cosf(y) for |y| < 120 (the one-step reduction's range), in s_cosf-fma's
 // operations.
 float cosf_scalar(float y) {
-  const uint32_t top = (bits_of(y) >> 20) & 0x7ff;
+  const uint32_t top = (c10::bit_cast<uint32_t>(y) >> 20) & 0x7ff;
   const double x = y;
   if (top < kTopBelowQuarterPi) {
     return top < kTopBelow2p12 ? 1.0f : static_cast<float>(cos_polynomial(x * x));
@@ -525,8 +515,8 @@ bool box_muller_mismatches(const char* form, const char* reference, int64_t& log
     for (int j = 0; j < kChunk; ++j) {
       const float want_log1p = libm ? ::log1pf(x[j]) : log1pf_scalar(x[j]);
       const float want_cos = libm ? ::cosf(y[j]) : cosf_scalar(y[j]);
-      log1p_differ += bits_of(log1p[j]) != bits_of(want_log1p);
-      cos_differ += bits_of(cosine[j]) != bits_of(want_cos);
+      log1p_differ += c10::bit_cast<uint32_t>(log1p[j]) != c10::bit_cast<uint32_t>(want_log1p);
+      cos_differ += c10::bit_cast<uint32_t>(cosine[j]) != c10::bit_cast<uint32_t>(want_cos);
     }
   }
   log1p_mismatches = log1p_differ;
