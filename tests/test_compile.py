@@ -13,8 +13,10 @@ the C++ kernels they share. Cold-cache run: 315 s on the 2-core VM at load avera
 from __future__ import annotations
 
 import copy
+import re
 import subprocess
 import sys
+import time
 
 import pytest
 import torch
@@ -159,11 +161,89 @@ def test_compiled_region_waits_for_queued_copies(monkeypatch):
 
         x.zero_()
         torch.npu.synchronize()
-        monkeypatch.setattr(acl, "launch_host_kernel", lambda device, kernel, args: kernel(*args))  # no wait
+        monkeypatch.setattr(acl, "launch_host_kernel", lambda device, kernel, args, *_: kernel(*args))  # no wait
         _queue_slow_h2d(x, host)
         stale = _compiled_pointwise(x)
         torch.npu.synchronize()
     assert not torch.equal(stale.cpu(), expected), "without the wait the kernel should have read the zeros"
+
+
+def _scaled(x: torch.Tensor) -> torch.Tensor:
+    return x * 5 - 2
+
+
+@pytest.mark.asynchronous
+def test_compiled_kernel_is_a_stream_task():
+    """The generated code gives each C++ kernel its arguments' signature (read, written), and the
+    kernel is then a task of the current stream: the call returns with a slow copy queued before it
+    and the kernel still pending (a host run would have waited about 84 ms for the copy), and the
+    result, after both, is right (Note [Compiled kernels without the GIL])."""
+    host = torch.arange(MIB, dtype=torch.float32).pin_memory()
+    x = torch.zeros(MIB, device="npu")
+    compiled = torch.compile(_scaled)
+    _, (code,) = run_and_get_code(compiled, x)
+    assert re.search(r"npusim_launch\(\d+, \w+, \(\w+, \w+, \), 'rw'\)", code), code
+    torch.npu.synchronize()
+    with npusim.timing.model(copy_gbps=0.05, realtime=True):
+        _queue_slow_h2d(x, host)
+        out = compiled(x)
+        assert torch.npu.current_stream().pending() >= 2, "the copy and the kernel should both be queued"
+        torch.npu.synchronize()
+    assert torch.equal(out.cpu(), _scaled(host))
+
+
+def _done_while_holding_the_gil(graph: torch.npu.NPUGraph, seconds: float = 0.5) -> bool:
+    """Replays ``graph`` and, without releasing the GIL (a switch interval longer than the wait),
+    watches the stream: whether the replay completed within ``seconds``."""
+    stream = torch.npu.current_stream()
+    interval = sys.getswitchinterval()
+    sys.setswitchinterval(30.0)
+    try:
+        graph.replay()
+        deadline = time.monotonic() + seconds
+        while time.monotonic() < deadline:
+            if stream.query():
+                return True
+        return False
+    finally:
+        sys.setswitchinterval(interval)
+        torch.npu.synchronize()
+
+
+def test_replayed_compiled_kernel_runs_while_the_host_holds_the_gil(monkeypatch):
+    """A compiled kernel captured into an npu graph is replayed without Python: the replay completes
+    while the host thread holds the GIL. The same kernel captured through its Python binding (no
+    entry point: a float argument's route) does not, until the host lets go of the GIL."""
+    x = torch.arange(4096, dtype=torch.float32, device="npu")
+    compiled = torch.compile(_scaled)
+    compiled(x)  # compiled outside the captures
+    torch.npu.synchronize()
+
+    def capture() -> tuple[torch.npu.NPUGraph, torch.Tensor]:
+        g = torch.npu.NPUGraph()
+        with torch.npu.graph(g):
+            out = compiled(x)
+        return g, out
+
+    graph, out = capture()
+    assert _done_while_holding_the_gil(graph)
+    assert torch.equal(out.cpu(), _scaled(x.cpu()))
+
+    launch = acl.launch_host_kernel
+    monkeypatch.setattr(acl, "launch_host_kernel", lambda device, kernel, args, *_: launch(device, kernel, args))
+    python_graph, python_out = capture()
+    assert not _done_while_holding_the_gil(python_graph), "a kernel called through Python should wait for the GIL"
+    assert torch.equal(python_out.cpu(), _scaled(x.cpu()))
+
+
+def test_kernel_signature_from_inductor_arg_types():
+    """The letters of a C++ kernel's launch: written, read, integer; none for a type it cannot pass."""
+    from npusim.compile.inductor import _kernel_signature
+
+    assert _kernel_signature(["float*", "const float*", "const bfloat16*", "const int64_t"], 4) == "wrri"
+    assert _kernel_signature(["const float*", "const float"], 2) == ""  # an unbacked float size
+    assert _kernel_signature(["float*"], 2) == ""  # arg_types that do not match the call
+    assert _kernel_signature(None, 1) == ""
 
 
 def test_honours_input_device_not_current_device():

@@ -14,19 +14,25 @@ and ``register_device_op_overrides``):
 
 Note [Compiled code in stream order]
 ------------------------------------
-Eager npu compute is a stream task (Note [Compute on the stream]); a compiled
-region's C++ kernels are Python-callable functions, which a stream worker
-would have to take the GIL to call (only a replayed npu graph does: Note
-[Compiled code in an npu graph]), so they run on the host, in stream order:
+Eager npu compute is a stream task (Note [Compute on the stream]), and so is a
+compiled region's C++ kernel:
 
-- each C++ kernel is called through ``launch(device, kernel, args)``
-  (:mod:`npusim.compile.generated_calls`), which first waits for the current
-  stream's earlier work, so the kernel never reads an input that a copy still
-  queued on the stream has not written yet, nor writes memory an earlier queued
-  task still reads. Before each kernel, not once per call: the region's own
-  eager calls (extern kernels, fallbacks, the ``copy_`` of a mutated input) may
-  queue work on the stream between two kernels. An idle stream costs one query
-  (about 2 us here);
+- each C++ kernel is called through ``launch(device, kernel, args, signature)``
+  (:mod:`npusim.compile.generated_calls`), the signature being a letter per
+  argument from the C types inductor declares (``r`` read, ``w`` written,
+  ``i`` an integer). The kernel becomes a task of the current stream that
+  calls its C entry point, without Python (Note [Compiled kernels without the
+  GIL]): it runs after the stream's earlier work (a copy still queued, an
+  extern kernel's output) and before its later work, asynchronously to the
+  host, as a CUDA region's Triton kernels run. Its failure (inductor's integer
+  division by zero check) is asynchronous too (Note [Errors of asynchronous
+  work]);
+- a kernel the signature does not cover (a float argument, a tensor not on the
+  npu, a module compiled before signatures were written) runs on the host
+  through its Python binding, after waiting for the current stream's earlier
+  work, so that it never reads an input a queued copy has not written yet nor
+  writes memory a queued task still reads. Before each such kernel, not once
+  per call: the region's own eager calls may queue work between two kernels;
 - extern kernels (``mm``, fallbacks) are npu ops: stream tasks like any eager op;
 - buffers are allocated with ``empty_strided(..., device='npu:<i>')``: the npu
   allocator, counted in ``torch.npu.memory_allocated``, freed stream-ordered,
@@ -40,13 +46,13 @@ would have to take the GIL to call (only a replayed npu graph does: Note
 Note [Compiled code in an npu graph]
 ------------------------------------
 While the current stream is captured into an npu graph (``torch.npu.graph``, the
-graph trees of ``mode="reduce-overhead"``), ``launch`` records each C++ kernel as
-a task of the stream, calling it on the same tensors (the task holds them, so
-their memory stays the graph's) when the graph is replayed; extern kernels and
-fallbacks are npu ops, which the capture records itself (Note [NPU graph
-capture]). A replayed kernel runs on the stream worker holding the GIL, as an
-eager one runs on the host holding it: inductor's C++ kernels are Python
-extension functions.
+graph trees of ``mode="reduce-overhead"``), each C++ kernel's stream task is
+recorded, with what it reads and writes (Note [Replaying independent tasks at
+once]), and calls the entry point on the same addresses at each replay; extern
+kernels and fallbacks are npu ops, which the capture records itself (Note [NPU
+graph capture]). A kernel the signature does not cover is recorded as a task
+that calls its Python binding on the same tensors (the task holds them, so
+their memory stays the graph's): the stream worker takes the GIL for it.
 
 Note [Where inductor reads cpu as the C++ backend]
 --------------------------------------------------
@@ -115,6 +121,25 @@ class NpuDeviceOpOverrides(DeviceOpOverrides):
         return "void*"
 
 
+def _kernel_signature(arg_types: Any, num_args: int) -> str:
+    """The letters ``launch`` takes for a C++ kernel's arguments, from the C types inductor declares
+    them with (``cpp_argdefs``): ``w`` for ``T*`` (written), ``r`` for ``const T*`` (read), ``i`` for
+    ``const int64_t``; "" when a type is another (the kernel keeps its Python call: Note [Compiled
+    kernels without the GIL])."""
+    if not isinstance(arg_types, (list, tuple)) or len(arg_types) != num_args:
+        return ""
+    letters = []
+    for arg_type in arg_types:
+        text = str(arg_type).strip()
+        if text.endswith("*"):
+            letters.append("r" if text.startswith("const ") else "w")
+        elif text in ("const int64_t", "int64_t"):
+            letters.append("i")
+        else:
+            return ""
+    return "".join(letters)
+
+
 class _NpuWrapperMixin:
     """The npu's additions to the Python wrapper; see Note [Compiled code in stream order]."""
 
@@ -126,7 +151,8 @@ class _NpuWrapperMixin:
                 kernel_name, call_args, device=device, triton=triton, **kwargs)
             return
         args = "".join(f"{arg}, " for arg in call_args)
-        self.writeline(f"{_LAUNCH}({device.index}, {kernel_name}, ({args}))")  # type: ignore[attr-defined]
+        signature = _kernel_signature(kwargs.get("arg_types"), len(call_args))
+        self.writeline(f"{_LAUNCH}({device.index}, {kernel_name}, ({args}), {signature!r})")  # type: ignore[attr-defined]
 
     def make_allocation(self, name: str, device: torch.device, dtype: torch.dtype, shape: Any, stride: Any,
                         allocation_shape: Any = None, is_pinned: bool = False) -> str:

@@ -127,6 +127,11 @@ class NPUGraph(acl.NpuGraph):
         """How many recorded nodes (ops, copies, event records and waits) the graph's lanes hold."""
         return super().num_tasks()
 
+    def replay_levels(self) -> list[int]:
+        """npusim's own: how many tasks each level of a replay runs at once, in order, or ``[]`` when a
+        replay runs the tasks in capture order (Note [Replaying independent tasks at once])."""
+        return super().replay_levels()
+
     def enable_debug_mode(self) -> None:
         """Makes :meth:`debug_dump` write the captured lanes."""
         super().enable_debug_mode()

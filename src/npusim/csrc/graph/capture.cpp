@@ -67,8 +67,14 @@ void GraphCapture::append(const NpuStream& stream, GraphTask task) {
   push_locked(lane, std::move(task));
 }
 
-void GraphCapture::add_task(NpuStream& stream, std::function<void()> fn, double duration_us, const char* op) {
-  append(stream, GraphTask{std::move(fn), duration_us, op != nullptr ? op : "stream task"});
+void GraphCapture::add_task(NpuStream& stream, std::function<void()> fn, double duration_us, const char* op,
+    const TaskAccess* access) {
+  GraphTask task{std::move(fn), duration_us, op != nullptr ? op : "stream task"};
+  if (access != nullptr) {
+    task.access_known = true;
+    task.access = *access;
+  }
+  append(stream, std::move(task));
 }
 
 uint64_t GraphCapture::record_event(NpuStream& stream) {

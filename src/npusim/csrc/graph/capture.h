@@ -30,6 +30,10 @@ struct GraphTask {
   std::string label;  // for debug_dump
   Kind kind = Kind::kRun;
   size_t record = 0;  // kRecord: the record it completes; kWait: the record it waits for
+  // kRun: what it reads and writes, when its launch said (Note [Replaying
+  // independent tasks at once]); unknown, it orders every task around it.
+  bool access_known = false;
+  TaskAccess access;
 };
 
 // The tasks one stream issued during the capture, in its order.
@@ -53,7 +57,8 @@ class GraphCapture final : public StreamCapture {
   CaptureMode mode() const override { return mode_; }
   std::thread::id thread() const override { return thread_; }
   const NpuStream& origin() const override { return origin_; }
-  void add_task(NpuStream& stream, std::function<void()> fn, double duration_us, const char* op) override;
+  void add_task(NpuStream& stream, std::function<void()> fn, double duration_us, const char* op,
+      const TaskAccess* access) override;
   uint64_t record_event(NpuStream& stream) override;
   void wait_event(NpuStream& stream, uint64_t node) override;
   void add_client(std::shared_ptr<CaptureClient> client) override;

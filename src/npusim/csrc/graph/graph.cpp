@@ -216,6 +216,16 @@ size_t NpuGraph::num_tasks() const {
   return graph_ ? graph_->num_tasks() : 0;
 }
 
+std::vector<size_t> NpuGraph::replay_levels() const {
+  std::vector<size_t> sizes;
+  if (graph_) {
+    for (const auto& level : graph_->levels) {
+      sizes.push_back(level.size());
+    }
+  }
+  return sizes;
+}
+
 void NpuGraph::register_generator_state(const at::Generator& generator) {
   std::shared_ptr<CaptureClient> state = npu_generator(generator, "NPUGraph.register_generator_state")->state();
   if (std::find(registered_.begin(), registered_.end(), state) == registered_.end()) {

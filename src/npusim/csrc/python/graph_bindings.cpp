@@ -49,6 +49,7 @@ void init_graph_bindings(py::module& m) {
         return py::make_tuple(id.first, id.second);
       })
       .def("num_tasks", &npusim::NpuGraph::num_tasks)
+      .def("replay_levels", &npusim::NpuGraph::replay_levels)
       .def("captured", &npusim::NpuGraph::captured)
       .def("enable_debug_mode", &npusim::NpuGraph::enable_debug_mode)
       .def("debug_dump", torch::wrap_pybind_function(

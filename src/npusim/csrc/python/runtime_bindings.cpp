@@ -12,9 +12,12 @@
 #include "../runtime/subnormals.h"
 #include "../runtime/timing.h"
 #include "../runtime/trace.h"
+#include "../aten/compiled_kernel.h"
 #include "../aten/host_transfer.h"
 
 #include <torch/csrc/autograd/python_variable.h>
+
+#include <optional>
 
 namespace py = pybind11;
 
@@ -186,6 +189,48 @@ std::shared_ptr<PythonCall> python_call(py::object fn, py::tuple args) {
   });
 }
 
+// The direct call of a compiled kernel's entry point on `args` (Note
+// [Compiled kernels without the GIL]), with what it reads and writes in
+// `access`; nullopt where the kernel keeps its Python call. `signature`: a
+// letter per argument, 'r' a tensor the kernel reads, 'w' one it writes, 'i'
+// a 64-bit integer.
+std::optional<npusim::CompiledKernelCall> direct_kernel_call(uintptr_t entry, const py::tuple& args,
+    const std::string& signature, c10::DeviceIndex device, npusim::TaskAccess& access) {
+  if (entry == 0 || !npusim::compiled_kernels_callable() || signature.size() != args.size() ||
+      args.size() > npusim::kMaxCompiledKernelArgs) {
+    return std::nullopt;
+  }
+  npusim::CompiledKernelCall call;
+  call.entry = reinterpret_cast<void*>(entry);
+  for (size_t i = 0; i < args.size(); ++i) {
+    PyObject* arg = PyTuple_GET_ITEM(args.ptr(), static_cast<Py_ssize_t>(i));
+    const char kind = signature[i];
+    if (kind == 'r' || kind == 'w') {
+      if (!THPVariable_Check(arg)) {
+        return std::nullopt;
+      }
+      const at::Tensor& t = THPVariable_Unpack(arg);
+      if (!t.defined() || t.device().type() != npusim::kNpu || t.device().index() != device) {
+        return std::nullopt;
+      }
+      call.words.push_back(reinterpret_cast<uintptr_t>(t.data_ptr()));
+      const c10::Storage& storage = t.storage();
+      access.add(storage.data(), storage.nbytes(), kind == 'w');
+    } else if (kind == 'i' && PyLong_Check(arg)) {
+      int overflow = 0;
+      const long long value = PyLong_AsLongLongAndOverflow(arg, &overflow);
+      if (overflow != 0 || (value == -1 && PyErr_Occurred())) {
+        PyErr_Clear();
+        return std::nullopt;
+      }
+      call.words.push_back(static_cast<uint64_t>(value));
+    } else {
+      return std::nullopt;
+    }
+  }
+  return call;
+}
+
 }  // namespace
 
 namespace npusim {
@@ -272,11 +317,14 @@ void init_runtime_bindings(py::module& m) {
     npusim::trace_stream_op(npusim::StreamOp::kSyncAll, nullptr, -1, -1);
   }, release());
 
-  // A compiled region's C++ kernel (compile/generated_calls.py): run now, after
-  // the current stream's earlier work, or, while that stream is captured,
-  // recorded as a task that calls it when the graph is replayed (Note [Compiled
-  // code in an npu graph]).
-  m.def("launch_host_kernel", [](int device, py::object fn, py::tuple args) {
+  // A compiled region's C++ kernel (compile/generated_calls.py): a stream task
+  // that calls its C entry point `entry` when `signature` allows (Note
+  // [Compiled kernels without the GIL]); else run now, after the current
+  // stream's earlier work, or, while that stream is captured, recorded as a
+  // task that calls it through Python when the graph is replayed (Note
+  // [Compiled code in an npu graph]).
+  m.def("launch_host_kernel", [](int device, py::object fn, py::tuple args, uintptr_t entry,
+                                 const std::string& signature) {
     if (!npusim::device_computes()) {
       size_t bytes = 0;  // the npu tensors it is given, inputs and outputs
       for (const py::handle arg : args) {
@@ -290,6 +338,12 @@ void init_runtime_bindings(py::module& m) {
       }
     }
     NpuStream& s = npusim::current_stream(static_cast<c10::DeviceIndex>(device));
+    npusim::TaskAccess access;
+    if (auto call = direct_kernel_call(entry, args, signature, static_cast<c10::DeviceIndex>(device), access)) {
+      s.enqueue(std::move(*call), 0.0, "compiled_kernel", npusim::TaskKind::kWork,
+          s.capture() != nullptr ? &access : nullptr);
+      return;
+    }
     if (s.capture() != nullptr) {
       auto call = python_call(std::move(fn), std::move(args));
       s.enqueue([call] { call->run(); }, 0.0, "compiled_kernel");
@@ -301,7 +355,7 @@ void init_runtime_bindings(py::module& m) {
     }
     const npusim::KeepSubnormals keep_subnormals;  // a device kernel: Note [Subnormals on npu]
     fn(*args);
-  });
+  }, py::arg("device"), py::arg("fn"), py::arg("args"), py::arg("entry") = 0, py::arg("signature") = "");
 
   // plan mode (Note [Plan mode])
   m.def("set_plan_mode", &npusim::set_plan_mode);

@@ -416,12 +416,13 @@ bool drain_streams(double timeout_s) {
   return true;
 }
 
-void NpuStream::enqueue(std::function<void()> fn, double duration_us, const char* op, TaskKind kind) {
+void NpuStream::enqueue(std::function<void()> fn, double duration_us, const char* op, TaskKind kind,
+    const TaskAccess* access) {
   if (device_failed(device_)) {
     raise_device_failure(device_, op);  // Note [Sticky device errors]
   }
   if (StreamCapture* graph = capture()) {
-    graph->add_task(*this, std::move(fn), duration_us, op);
+    graph->add_task(*this, std::move(fn), duration_us, op, access);
     return;
   }
   stop_thread_if_exiting();  // Note [Launches at exit]
@@ -670,6 +671,20 @@ bool NpuStream::wait_completed(uint64_t target, double timeout_s) {
 // memmove does). CUDA's copies run on copy engines while its host's wait only
 // spins; here the host's core is where the device's bandwidth is.
 
+namespace {
+
+// Set while the thread runs claims of a batch of shared work.
+thread_local bool tls_in_shared_work = false;
+
+struct InSharedWork {
+  InSharedWork() { tls_in_shared_work = true; }
+  ~InSharedWork() { tls_in_shared_work = false; }
+  InSharedWork(const InSharedWork&) = delete;
+  InSharedWork& operator=(const InSharedWork&) = delete;
+};
+
+}  // namespace
+
 struct NpuStream::SharedWork {
   int64_t n;
   int64_t grain;
@@ -710,10 +725,13 @@ struct NpuStream::SharedWork {
 
 void NpuStream::run_shared(int64_t n, int64_t grain, c10::function_ref<void(int64_t, int64_t)> body) {
   NpuStream* const stream = tls_worker_stream;
-  if (n <= grain || stream == nullptr) {
+  // Inside a claim of shared work (a replayed level's task that copies), the
+  // thread runs it alone: a stream shares one batch at a time.
+  if (n <= grain || stream == nullptr || tls_in_shared_work) {
     body(0, n);
     return;
   }
+  const InSharedWork inside;
   SharedWork work{n, grain, body};
   stream->shared_work_.store(&work, std::memory_order_seq_cst);
   if (stream->host_waiters_.load(std::memory_order_seq_cst) > 0) {
@@ -737,6 +755,8 @@ void NpuStream::help_with_shared_work() {
   }
   helpers_.fetch_add(1, std::memory_order_seq_cst);
   if (SharedWork* work = shared_work_.load(std::memory_order_seq_cst)) {
+    const InSharedWork inside;
+    const KeepSubnormals keep_subnormals;  // the device's arithmetic, not the user's: Note [Subnormals on npu]
     items_helped_.fetch_add(static_cast<uint64_t>(work->run_claims()), std::memory_order_relaxed);
     // Exhausted: later turns of this wait need not look again.
     shared_work_.compare_exchange_strong(work, nullptr, std::memory_order_seq_cst);

@@ -11,6 +11,7 @@
 
 #include <c10/core/Stream.h>
 #include <c10/util/FunctionRef.h>
+#include <c10/util/SmallVector.h>
 
 #include <algorithm>
 #include <atomic>
@@ -48,6 +49,28 @@ class CaptureClient {
   virtual void capture_destroyed(uint64_t capture_id) = 0;
 };
 
+// The device memory a task reads and writes, as its launch knows it (a compute
+// op's arguments and outputs, a copy's two sides): byte ranges of whole
+// storages, each read or written. Only a capture asks for it; a captured
+// graph's replay runs tasks whose ranges do not conflict at once (Note
+// [Replaying independent tasks at once], graph/replay_levels.cpp). A task
+// launched without one orders every task around it.
+struct TaskAccess {
+  struct Range {
+    uintptr_t begin;
+    uintptr_t end;
+    bool write;
+  };
+  c10::SmallVector<Range, 6> ranges;
+
+  void add(const void* data, size_t nbytes, bool write) {
+    if (data != nullptr && nbytes > 0) {
+      const auto begin = reinterpret_cast<uintptr_t>(data);
+      ranges.push_back(Range{begin, begin + nbytes, write});
+    }
+  }
+};
+
 // What a stream asks while it is captured (an npu graph, graph/capture.h,
 // implements it; Note [NPU graph capture]). Several streams may belong to one
 // capture (Note [Multi-stream capture]).
@@ -60,8 +83,10 @@ class StreamCapture {
   virtual std::thread::id thread() const = 0;
   // The stream the capture began on.
   virtual const NpuStream& origin() const = 0;
-  // NpuStream::enqueue on a stream of the capture: the task is recorded, not run.
-  virtual void add_task(NpuStream& stream, std::function<void()> fn, double duration_us, const char* op) = 0;
+  // NpuStream::enqueue on a stream of the capture: the task is recorded, not
+  // run; `access` (may be null: unknown) is what it reads and writes.
+  virtual void add_task(NpuStream& stream, std::function<void()> fn, double duration_us, const char* op,
+      const TaskAccess* access) = 0;
   // An event record on a stream of the capture: a node of the graph (its id).
   virtual uint64_t record_event(NpuStream& stream) = 0;
   // `stream` waits on record node `node` of this capture; a stream not in the
@@ -156,9 +181,10 @@ class NpuStream {
   // stream that long before running fn.
   // `op` (a string that lives as long as the process: a literal, or an op's
   // interned name) names the task in the error its failure raises and in
-  // profiler traces.
+  // profiler traces. `access`: what the task reads and writes, for a capture
+  // (a launch computes it only while capture() is set; null: unknown).
   void enqueue(std::function<void()> fn, double duration_us = 0.0, const char* op = "task",
-      TaskKind kind = TaskKind::kWork);
+      TaskKind kind = TaskKind::kWork, const TaskAccess* access = nullptr);
   // enqueue for a task that a task enqueued next on another stream joins (a
   // replayed side lane, which the replay's origin task waits for): it never
   // blocks under launch blocking, since it may wait on that later task; the

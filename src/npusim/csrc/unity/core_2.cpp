@@ -1,6 +1,7 @@
 // A unity translation unit of the npusim_C extension: see Note [Unity build] in
 // npusim/_sources.py. Every .cpp of csrc/ is included by exactly one unit.
 #include "../aten/aten_ops.cpp"
+#include "../aten/compiled_kernel.cpp"
 #include "../aten/cpu_aliases.cpp"
 #include "../aten/op_traits.cpp"
 #include "../aten/launch/meta_cache.cpp"
@@ -21,6 +22,7 @@
 #include "../aten/attention.cpp"
 #include "../graph/capture.cpp"
 #include "../graph/replay.cpp"
+#include "../graph/replay_levels.cpp"
 #include "../graph/graph.cpp"
 #include "../python/graph_bindings.cpp"
 #include "../python/ops_bindings.cpp"

@@ -12,6 +12,7 @@
 #include <algorithm>
 #include <cstring>
 #include <memory>
+#include <optional>
 #include <string>
 #include <utility>
 
@@ -144,8 +145,11 @@ void BoxedLaunch::commit(const MetaPlan& plan, NpuStream& stream, torch::jit::St
   // needs no task; an op without outputs runs for its effect (an assert).
   if (args_.written() || !task->fresh.empty() || plan.outputs.empty()) {
     const double duration_us = compute_cost_hook() != nullptr ? plan.duration_us : 0.0;
+    // What it reads and writes, for a capture only (Note [Replaying independent tasks at once]).
+    const std::optional<TaskAccess> access =
+        stream.capture() != nullptr ? std::optional<TaskAccess>(args_.access(*task)) : std::nullopt;
     stream.enqueue([task = std::shared_ptr<const OpTask>(std::move(task))] { task->run(); }, duration_us,
-        traits_.name);
+        traits_.name, TaskKind::kWork, access ? &*access : nullptr);
   }
   stack->erase(stack->begin() + static_cast<std::ptrdiff_t>(first), stack->end());
   for (c10::IValue& v : outputs) {

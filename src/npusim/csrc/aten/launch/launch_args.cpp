@@ -200,4 +200,14 @@ at::Tensor LaunchArgs::output(const PlannedTensor& p, const MetaPlan& plan, Task
   return at::Tensor();
 }
 
+TaskAccess LaunchArgs::access(const TaskTensors& task) const {
+  TaskAccess access;
+  for (size_t i = 0; i < task.tensors.size(); ++i) {
+    const TensorSnapshot& s = task.tensors[i];
+    // The snapshots past the arguments are the fresh outputs (output()).
+    access.add(s.data, s.nbytes, i >= inputs_.size() || inputs_[i].use == ArgUse::kWritten);
+  }
+  return access;
+}
+
 }  // namespace npusim

@@ -7,6 +7,7 @@
 
 #include "meta_cache.h"
 #include "../op_arguments.h"
+#include "../../runtime/stream.h"
 #include "op_task.h"
 
 #include <ATen/core/Tensor.h>
@@ -73,6 +74,10 @@ class LaunchArgs {
   // first use and recorded as a snapshot of `task`; its index is returned in
   // `snapshot`, else -1).
   at::Tensor output(const PlannedTensor& p, const MetaPlan& plan, TaskTensors& task, int32_t* snapshot);
+  // What `task` (begun and given its outputs here) reads and writes: the
+  // storage of each npu argument, written when its schema argument is, and
+  // each fresh output, written (a capture's TaskAccess).
+  TaskAccess access(const TaskTensors& task) const;
 
  private:
   struct Input {

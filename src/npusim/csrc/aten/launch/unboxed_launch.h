@@ -273,8 +273,12 @@ bool launch_unboxed(const c10::OperatorHandle& op, const char* name, const std::
   task->name = name;
   static const bool pointwise = is_pointwise(op);  // Note [A core for the host]
   task->pointwise = pointwise;
-  current_stream(device).enqueue(
-      [task = std::shared_ptr<const UnboxedTask<Op, OutOp, Args...>>(std::move(task))] { task->run(); }, 0.0, name);
+  NpuStream& stream = current_stream(device);
+  // What it reads and writes, for a capture only (Note [Replaying independent tasks at once]).
+  const std::optional<TaskAccess> access =
+      stream.capture() != nullptr ? std::optional<TaskAccess>(launch.access(*task)) : std::nullopt;
+  stream.enqueue([task = std::shared_ptr<const UnboxedTask<Op, OutOp, Args...>>(std::move(task))] { task->run(); },
+      0.0, name, TaskKind::kWork, access ? &*access : nullptr);
   return true;
 }
 

@@ -1,0 +1,139 @@
+"""A single-lane npu graph's independent tasks replayed at once (Note [Replaying independent tasks
+at once]): the levels a capture finds from what each task reads and writes, memory of the graph's
+pool reused by a later task ordering it after the earlier users, a task of unknown access ordering
+everything around it, a waiting host running tasks of a level under the worker's thread state, and
+replays equal to eager."""
+
+from __future__ import annotations
+
+import torch
+from torch.utils._python_dispatch import TorchDispatchMode
+
+import npusim  # noqa: F401  (registers the npu device)
+from npusim.runtime import acl
+
+N = 256
+
+
+def _weights(count: int) -> list[torch.Tensor]:
+    torch.manual_seed(0)
+    return [torch.randn(N, N, device="npu") / N**0.5 for _ in range(count)]
+
+
+def _capture(fn):  # noqa: ANN001, ANN202
+    g = torch.npu.NPUGraph()
+    torch.npu.synchronize()
+    with torch.npu.graph(g):
+        out = fn()
+    torch.npu.synchronize()
+    return g, out
+
+
+def _helped() -> int:
+    return acl.stream_items_helped(torch.npu.current_stream().stream_id, torch.npu.current_device())
+
+
+def test_independent_matmuls_share_a_level_and_a_waiting_host_runs_some():
+    """x @ w1 and x @ w2 read x and write fresh outputs: one level of two; their sum and its relu follow
+    one level each. Replays equal eager's values, and a host that synchronizes runs tasks of the level."""
+    x = torch.randn(N, N, device="npu")
+    w1, w2 = _weights(2)
+    g, out = _capture(lambda: ((x @ w1) + (x @ w2)).relu())
+    assert g.replay_levels() == [2, 1, 1]
+    expected = ((x.cpu() @ w1.cpu()) + (x.cpu() @ w2.cpu())).relu()
+    before = _helped()
+    for step in range(20):
+        x.copy_(torch.randn(N, N) * (step + 1))
+        expected = ((x.cpu() @ w1.cpu()) + (x.cpu() @ w2.cpu())).relu()
+        g.replay()
+        torch.npu.synchronize()
+        torch.testing.assert_close(out.cpu(), expected, rtol=1e-5, atol=1e-4)
+    assert _helped() > before, "the synchronizing host should have run a task of the level of two"
+
+
+def test_a_chain_replays_in_order():
+    """Each op reads the previous one's output: no level holds two, and the replay keeps capture order."""
+    x = torch.randn(N, N, device="npu")
+    (w1,) = _weights(1)
+    g, out = _capture(lambda: ((x @ w1).relu() @ w1).sum(0))
+    assert g.replay_levels() == []
+    g.replay()
+    torch.npu.synchronize()
+    torch.testing.assert_close(out.cpu(), ((x.cpu() @ w1.cpu()).relu() @ w1.cpu()).sum(0), rtol=1e-4, atol=1e-3)
+
+
+def _reuse(keep_first: bool):  # noqa: ANN202
+    """a = x @ w1; s = a.sum(); then b = y @ w2, an output of a's size: when a is gone by then, b takes a's
+    block of the graph's pool. Returns (graph, (s, b), whether b took a's block)."""
+    x, y = torch.randn(N, N, device="npu"), torch.randn(N, N, device="npu")
+    w1, w2 = _weights(2)
+    kept: list[torch.Tensor] = []
+    addresses: list[int] = []
+
+    def step() -> tuple[torch.Tensor, torch.Tensor]:
+        a = x @ w1
+        addresses.append(a.data_ptr())
+        s = a.sum()
+        if keep_first:
+            kept.append(a)
+        del a
+        b = y @ w2
+        addresses.append(b.data_ptr())
+        return s, b
+
+    g, outs = _capture(step)
+    g.replay()
+    torch.npu.synchronize()
+    torch.testing.assert_close(outs[0].cpu(), (x.cpu() @ w1.cpu()).sum(), rtol=1e-4, atol=1e-2)
+    torch.testing.assert_close(outs[1].cpu(), y.cpu() @ w2.cpu(), rtol=1e-5, atol=1e-4)
+    return g, addresses[0] == addresses[1]
+
+
+def test_reused_pool_memory_orders_the_later_writer_after_the_readers():
+    """b writes the block a's readers read: b comes after the sum (no level of two). With a kept alive
+    b has memory of its own and runs beside a's matmul."""
+    g, reused = _reuse(keep_first=False)
+    assert reused, "the premise: b takes the block a left"
+    assert g.replay_levels() == []
+    g, reused = _reuse(keep_first=True)
+    assert not reused
+    assert g.replay_levels() == [2, 1]
+
+
+def test_a_task_of_unknown_access_is_a_level_of_its_own():
+    """A random fill's task says nothing of what it touches: it comes between everything before and after
+    it, so the two matmuls around it no longer share a level."""
+    x = torch.randn(N, N, device="npu")
+    w1, w2 = _weights(2)
+    g, _ = _capture(lambda: (x @ w1, torch.randn(N, device="npu"), x @ w2))
+    assert g.replay_levels() == []
+    g, _ = _capture(lambda: (x @ w1, x @ w2, torch.randn(N, device="npu")))
+    assert g.replay_levels() == [2, 1]
+
+
+class _CountingMode(TorchDispatchMode):
+    def __init__(self) -> None:
+        super().__init__()
+        self.ops: list[str] = []
+
+    def __torch_dispatch__(self, func, types, args=(), kwargs=None):  # noqa: ANN001, ANN204
+        self.ops.append(str(func))
+        return func(*args, **(kwargs or {}))
+
+
+def test_a_helping_host_runs_tasks_under_the_workers_thread_state():
+    """A host that synchronizes inside a TorchDispatchMode (thread-local state) and runs tasks of a level
+    runs their CPU kernels under the worker's state: the mode sees none of them."""
+    x = torch.randn(N, N, device="npu")
+    w1, w2, w3 = _weights(3)
+    g, out = _capture(lambda: (x @ w1, x @ w2, x @ w3))
+    assert g.replay_levels() == [3]
+    mode = _CountingMode()
+    before = _helped()
+    for _ in range(10):
+        g.replay()
+        with mode:
+            torch.npu.synchronize()
+    assert _helped() > before, "the premise: the host ran tasks of the level"
+    assert mode.ops == []
+    torch.testing.assert_close(out[2].cpu(), x.cpu() @ w3.cpu(), rtol=1e-5, atol=1e-4)
