@@ -5,8 +5,9 @@ run (``torch.utils.benchmark``). Host time is what the calling thread spends
 issuing the step (eager compute runs on the host, a replay only enqueues one
 task), as wall time and as the host thread's CPU time (robust when stream
 workers compete with the host for cores); end-to-end time adds the wait for
-the device. Three steps: a no-grad
-forward captured with ``torch.npu.graph``, a forward+backward through
+the device. Four steps: a no-grad
+forward captured with ``torch.npu.graph``, a whole forward+backward captured
+with ``torch.npu.graph``, a forward+backward through
 ``torch.npu.make_graphed_callables``, and a forward+backward compiled with
 ``torch.compile(mode="reduce-overhead")`` (npu graph trees,
 :mod:`npusim.compile.graph_trees`), which is also measured compiled with the
@@ -73,7 +74,7 @@ def measure(width: int, batch: int, layers: int, min_run_time: float,
     sync = torch.npu.synchronize
     rows: list[dict[str, float | str | None]] = []
 
-    progress(1, 4, "forward captured with torch.npu.graph: eager vs replay, host / host cpu / end-to-end")
+    progress(1, 5, "forward captured with torch.npu.graph: eager vs replay, host / host cpu / end-to-end")
     model = _model(width, layers)
     x = torch.randn(batch, width, device="npu")
     with torch.no_grad():
@@ -86,7 +87,10 @@ def measure(width: int, batch: int, layers: int, min_run_time: float,
         rows.append(_row("forward (torch.npu.graph)", g.num_tasks(), equal, min_run_time, kept,
                          eager=lambda: model(x), replay=g.replay, sync=sync))
 
-    progress(2, 4, "fwd+bwd through torch.npu.make_graphed_callables: eager vs replay")
+    progress(2, 5, "fwd+bwd captured whole with torch.npu.graph (gradients in the graph's pool): eager vs replay")
+    rows.append(_whole_step_row(x, width, layers, min_run_time, kept, sync))
+
+    progress(3, 5, "fwd+bwd through torch.npu.make_graphed_callables: eager vs replay")
 
     eager_model = _model(width, layers)
     graphed_model = torch.npu.make_graphed_callables(copy.deepcopy(eager_model), (x.clone().requires_grad_(),))
@@ -103,9 +107,43 @@ def measure(width: int, batch: int, layers: int, min_run_time: float,
     rows.append(_row("fwd+bwd (make_graphed_callables)", None, equal, min_run_time, kept,
                      eager=step(eager_model), replay=step(graphed_model), sync=sync))
 
-    progress(3, 4, "fwd+bwd compiled: eager vs mode='reduce-overhead' (npu graph trees) vs default compile")
+    progress(4, 5, "fwd+bwd compiled: eager vs mode='reduce-overhead' (npu graph trees) vs default compile")
     rows.append(_reduce_overhead_row(eager_model, xg, min_run_time, kept, sync))
     return rows
+
+
+def _whole_step_row(x: torch.Tensor, width: int, layers: int, min_run_time: float,
+                    kept: list[benchmark.Measurement], sync: Callable[[], None]) -> dict[str, float | str | None]:
+    """The whole fwd+bwd captured in one graph (the gradients are its outputs, allocated in its pool, as in
+    PyTorch's whole-network capture); eager runs the same step from no gradients."""
+    eager_model, graphed_model = _model(width, layers), _model(width, layers)
+
+    def eager_step() -> None:
+        for p in eager_model.parameters():
+            p.grad = None
+        eager_model(x).square().mean().backward()
+
+    side = torch.npu.Stream()
+    side.wait_stream(torch.npu.current_stream())
+    with torch.npu.stream(side):  # warm-up off the capture, as PyTorch's whole-network recipe
+        for _ in range(3):
+            graphed_model.zero_grad(set_to_none=True)
+            graphed_model(x).square().mean().backward()
+    torch.npu.current_stream().wait_stream(side)
+    graphed_model.zero_grad(set_to_none=True)
+    g = torch.npu.NPUGraph()
+    with torch.npu.graph(g):
+        graphed_model(x).square().mean().backward()
+    eager_step()
+    g.replay()
+    sync()
+    equal = all(torch.allclose(a.grad.cpu(), b.grad.cpu(), rtol=1e-4, atol=1e-6)
+                for a, b in zip(eager_model.parameters(), graphed_model.parameters(), strict=True))
+    row = _row("fwd+bwd (torch.npu.graph)", g.num_tasks(), equal, min_run_time, kept,
+               eager=eager_step, replay=g.replay, sync=sync)
+    # The graph's tasks per depth of its DAG (Note [Replaying independent tasks at once]).
+    row["replay_levels"] = str(g.replay_levels())
+    return row
 
 
 def _reduce_overhead_row(eager_model: nn.Module, xg: torch.Tensor, min_run_time: float,
@@ -194,7 +232,7 @@ def _plot(rows: list[dict[str, Any]], title: str, path: Path) -> None:
 def run(args: argparse.Namespace) -> int:
     measurements: list[benchmark.Measurement] = []
     rows = measure(args.width, args.batch, args.layers, args.min_run_time, measurements)
-    progress(4, 4, "done")
+    progress(5, 5, "done")
     compare(measurements)
     title = (f"MLP {args.layers}x Linear({args.width}, {args.width}) + ReLU, batch {args.batch}; "
              f"medians, {torch.get_num_threads()} threads")

@@ -128,8 +128,9 @@ class NPUGraph(acl.NpuGraph):
         return super().num_tasks()
 
     def replay_levels(self) -> list[int]:
-        """npusim's own: how many tasks each level of a replay runs at once, in order, or ``[]`` when a
-        replay runs the tasks in capture order (Note [Replaying independent tasks at once])."""
+        """npusim's own: how many of the graph's tasks sit at each depth of the DAG of what they read and
+        write (tasks of one depth are independent; a replay may run them at once), or ``[]`` when a replay
+        runs the tasks in capture order (Note [Replaying independent tasks at once])."""
         return super().replay_levels()
 
     def enable_debug_mode(self) -> None:

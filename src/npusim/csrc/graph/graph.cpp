@@ -217,13 +217,7 @@ size_t NpuGraph::num_tasks() const {
 }
 
 std::vector<size_t> NpuGraph::replay_levels() const {
-  std::vector<size_t> sizes;
-  if (graph_) {
-    for (const auto& level : graph_->levels) {
-      sizes.push_back(level.size());
-    }
-  }
-  return sizes;
+  return graph_ ? graph_->dag.level_sizes : std::vector<size_t>();
 }
 
 void NpuGraph::register_generator_state(const at::Generator& generator) {

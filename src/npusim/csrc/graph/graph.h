@@ -42,8 +42,9 @@ class NpuGraph {
   void reset();
   c10::MempoolId_t pool() const;
   size_t num_tasks() const;
-  // The number of tasks in each level a replay runs at once, or empty when it
-  // runs the graph in capture order (Note [Replaying independent tasks at once]).
+  // How many tasks of the graph sit at each depth of its DAG (those of one
+  // depth are independent), or empty when a replay runs the graph in capture
+  // order (Note [Replaying independent tasks at once]).
   std::vector<size_t> replay_levels() const;
   bool captured() const { return graph_ != nullptr; }
   void enable_debug_mode() { debug_ = true; }

@@ -3,9 +3,9 @@
 // and waits.
 #include "replay.h"
 
-#include "replay_levels.h"
 #include "../runtime/chip_clock.h"
 #include "../runtime/device.h"
+#include "../runtime/host_wait.h"
 #include "../runtime/subnormals.h"
 
 #include <ATen/ThreadLocalState.h>
@@ -103,36 +103,134 @@ void run_task(const GraphTask& task) {
   }
 }
 
-// A single lane's levels, each level's tasks at once when it has several
-// (Note [Replaying independent tasks at once]); no realtime timing.
-void run_levels(const CapturedGraph& graph) {
-  const std::vector<GraphTask>& tasks = graph.lanes[0].tasks;
-  // What a helping host runs a task under: the worker's thread-local state,
+// One replay of a single lane's DAG: its tasks' countdowns and the ready ones
+// (Note [Replaying independent tasks at once]).
+class DagRun {
+ public:
+  DagRun(const ReplayDag& dag, const std::vector<GraphTask>& tasks)
+      : dag_(dag), tasks_(tasks), pending_(new std::atomic<int32_t>[dag.tasks.size()]),
+        remaining_(static_cast<int64_t>(dag.tasks.size())) {
+    for (size_t p = 0; p < dag.tasks.size(); ++p) {
+      pending_[p].store(dag.predecessors[p], std::memory_order_relaxed);
+      if (dag.predecessors[p] == 0) {
+        ready_.push_back(static_cast<int32_t>(p));
+      }
+    }
+    num_ready_.store(static_cast<int64_t>(ready_.size()));
+  }
+
+  // Runs ready tasks until every task has run or one has failed (its error
+  // propagates). Only `worker` runs the tasks of unknown access.
+  void take_part(bool worker) {
+    int32_t next = -1;
+    for (int spins = 1;; ++spins) {
+      if (next < 0) {
+        next = take(worker);
+      }
+      if (next < 0) {
+        if (remaining_.load(std::memory_order_acquire) == 0 || failed_.load(std::memory_order_acquire)) {
+          return;
+        }
+        cpu_relax();
+        if (spins % 64 == 0) {
+          std::this_thread::yield();
+        }
+        continue;
+      }
+      try {
+        tasks_[dag_.tasks[static_cast<size_t>(next)]].fn();
+      } catch (...) {
+        failed_.store(true, std::memory_order_release);
+        throw;
+      }
+      next = release_successors(next, worker);
+      remaining_.fetch_sub(1, std::memory_order_acq_rel);
+    }
+  }
+
+ private:
+  // Counts `done` down in its successors; returns the one this thread goes on
+  // with (the longest path to the end among those it made ready and may run),
+  // or -1, and leaves the others to be taken.
+  int32_t release_successors(int32_t done, bool worker) {
+    int32_t keep = -1;
+    for (const uint32_t s : dag_.successors[static_cast<size_t>(done)]) {
+      if (pending_[s].fetch_sub(1, std::memory_order_acq_rel) != 1) {
+        continue;  // it still waits for another task
+      }
+      const auto ready = static_cast<int32_t>(s);
+      const bool mine = worker || dag_.worker_only[s] == 0;
+      if (mine && (keep < 0 || dag_.height[s] > dag_.height[static_cast<size_t>(keep)])) {
+        if (keep >= 0) {
+          push(keep);
+        }
+        keep = ready;
+      } else {
+        push(ready);
+      }
+    }
+    return keep;
+  }
+
+  void push(int32_t task) {
+    const std::lock_guard<std::mutex> lock(mutex_);
+    ready_.push_back(task);
+    num_ready_.fetch_add(1, std::memory_order_release);
+  }
+
+  // A ready task this thread may run, the one with the longest path to the
+  // end, or -1.
+  int32_t take(bool worker) {
+    if (num_ready_.load(std::memory_order_acquire) == 0) {
+      return -1;
+    }
+    const std::lock_guard<std::mutex> lock(mutex_);
+    size_t best = ready_.size();
+    for (size_t i = 0; i < ready_.size(); ++i) {
+      const auto t = static_cast<size_t>(ready_[i]);
+      if ((worker || !dag_.worker_only[t]) &&
+          (best == ready_.size() || dag_.height[t] > dag_.height[static_cast<size_t>(ready_[best])])) {
+        best = i;
+      }
+    }
+    if (best == ready_.size()) {
+      return -1;
+    }
+    const int32_t task = ready_[best];
+    ready_.erase(ready_.begin() + static_cast<std::ptrdiff_t>(best));
+    num_ready_.fetch_sub(1, std::memory_order_release);
+    return task;
+  }
+
+  const ReplayDag& dag_;
+  const std::vector<GraphTask>& tasks_;
+  std::unique_ptr<std::atomic<int32_t>[]> pending_;
+  std::atomic<int64_t> remaining_;
+  std::atomic<bool> failed_{false};
+  std::mutex mutex_;
+  std::vector<int32_t> ready_;
+  std::atomic<int64_t> num_ready_{0};
+};
+
+// A single lane's DAG, run by the stream worker and a host that waits for
+// the stream (Note [Replaying independent tasks at once]); no realtime timing.
+void run_dag(const CapturedGraph& graph) {
+  DagRun run(graph.dag, graph.lanes[0].tasks);
+  // What a helping host runs tasks under: the worker's thread-local state,
   // not the waiting user's (grad mode, dispatch keys, Python modes).
-  std::optional<at::ThreadLocalState> worker_state;
+  const at::ThreadLocalState worker_state;
   const std::thread::id worker = std::this_thread::get_id();
-  for (const std::vector<uint32_t>& level : graph.levels) {
-    if (level.size() == 1) {
-      run_task(tasks[level[0]]);
-      continue;
+  // Two parts: the worker takes the first (and the second, if no host came).
+  NpuStream::run_shared(2, 1, [&](int64_t, int64_t) {
+    const bool on_worker = std::this_thread::get_id() == worker;
+    std::optional<at::ThreadLocalStateGuard> state;
+    if (!on_worker) {
+      state.emplace(worker_state);
     }
-    if (!worker_state) {
-      worker_state.emplace();
-    }
-    NpuStream::run_shared(static_cast<int64_t>(level.size()), 1, [&](int64_t begin, int64_t end) {
-      std::optional<at::ThreadLocalStateGuard> state;
-      if (std::this_thread::get_id() != worker) {
-        state.emplace(*worker_state);
-      }
-      for (int64_t i = begin; i < end; ++i) {
-        tasks[level[static_cast<size_t>(i)]].fn();
-      }
-    });
-    if (TaskClock* clock = current_task_clock()) {
-      for (const uint32_t t : level) {
-        clock->advance(tasks[t].duration_us);  // the chip runs them one at a time
-      }
-    }
+    run.take_part(on_worker);
+  });
+  if (TaskClock* clock = current_task_clock()) {
+    clock->advance(graph.dag.duration_us);  // the chip runs them one at a time
   }
 }
 
@@ -189,7 +287,7 @@ std::shared_ptr<const CapturedGraph> make_captured_graph(c10::DeviceIndex device
   graph->num_records = num_records;
   graph->issue_order = std::move(issue_order);
   if (graph->lanes.size() == 1) {
-    graph->levels = independent_levels(graph->lanes[0].tasks);
+    graph->dag = independent_tasks(graph->lanes[0].tasks);
   }
   return graph;
 }
@@ -201,8 +299,8 @@ void enqueue_replay(const std::shared_ptr<const CapturedGraph>& graph, NpuStream
       for (const auto& fn : prologue) {
         fn();
       }
-      if (!graph->levels.empty() && !realtime_timing()) {
-        run_levels(*graph);
+      if (!graph->dag.empty() && !realtime_timing()) {
+        run_dag(*graph);
         return;
       }
       for (const auto& [lane, index] : graph->issue_order) {

@@ -3,6 +3,7 @@
 #pragma once
 
 #include "capture.h"
+#include "replay_dag.h"
 
 #include <functional>
 #include <memory>
@@ -18,9 +19,9 @@ struct CapturedGraph {
   size_t num_records = 0;
   // Every task as (lane, index) in the order they were issued during capture.
   std::vector<std::pair<size_t, size_t>> issue_order;
-  // A single lane's tasks in levels that may each run at once, or empty
+  // A single lane's tasks as a DAG, or empty where they replay in order
   // (Note [Replaying independent tasks at once]).
-  std::vector<std::vector<uint32_t>> levels;
+  ReplayDag dag;
 
   size_t num_tasks() const;
 };

@@ -28,6 +28,15 @@ namespace npusim {
 
 constexpr std::chrono::milliseconds kWaitSlice{50};
 
+// One turn of a spin-wait: the CPU's hint that this thread spins.
+inline void cpu_relax() {
+#if defined(__x86_64__) || defined(__i386__)
+  __builtin_ia32_pause();
+#elif defined(__aarch64__)
+  asm volatile("yield");
+#endif
+}
+
 // Throws to end a host wait (e.g. a pending KeyboardInterrupt); returns otherwise.
 using HostWaitInterrupt = void (*)();
 // One per extension (an inline variable): each binding module installs it.

@@ -158,14 +158,6 @@ thread_local NpuStream* tls_worker_stream = nullptr;
 constexpr auto kWorkerSpin = std::chrono::milliseconds(3);
 constexpr auto kHostSpin = std::chrono::milliseconds(3);
 
-inline void cpu_relax() {
-#if defined(__x86_64__) || defined(__i386__)
-  __builtin_ia32_pause();
-#elif defined(__aarch64__)
-  asm volatile("yield");
-#endif
-}
-
 // Spins until done() or `budget` has passed; true if done().
 template <class Done>
 bool spin_until(Done done, std::chrono::steady_clock::duration budget) {

@@ -53,7 +53,7 @@ class CaptureClient {
 // op's arguments and outputs, a copy's two sides): byte ranges of whole
 // storages, each read or written. Only a capture asks for it; a captured
 // graph's replay runs tasks whose ranges do not conflict at once (Note
-// [Replaying independent tasks at once], graph/replay_levels.cpp). A task
+// [Replaying independent tasks at once], graph/replay_dag.cpp). A task
 // launched without one orders every task around it.
 struct TaskAccess {
   struct Range {

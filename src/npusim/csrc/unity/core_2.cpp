@@ -22,7 +22,7 @@
 #include "../aten/attention.cpp"
 #include "../graph/capture.cpp"
 #include "../graph/replay.cpp"
-#include "../graph/replay_levels.cpp"
+#include "../graph/replay_dag.cpp"
 #include "../graph/graph.cpp"
 #include "../python/graph_bindings.cpp"
 #include "../python/ops_bindings.cpp"

@@ -1,11 +1,12 @@
 """A single-lane npu graph's independent tasks replayed at once (Note [Replaying independent tasks
-at once]): the levels a capture finds from what each task reads and writes, memory of the graph's
-pool reused by a later task ordering it after the earlier users, a task of unknown access ordering
-everything around it, a waiting host running tasks of a level under the worker's thread state, and
-replays equal to eager."""
+at once]): the DAG a capture finds from what each task reads and writes (NPUGraph.replay_levels: its
+tasks per depth), memory of the graph's pool reused by a later task ordering it after the earlier
+users, a task of unknown access ordering everything around it, a waiting host running tasks under
+the worker's thread state, a failing task's error, and replays equal to eager."""
 
 from __future__ import annotations
 
+import pytest
 import torch
 from torch.utils._python_dispatch import TorchDispatchMode
 
@@ -137,3 +138,17 @@ def test_a_helping_host_runs_tasks_under_the_workers_thread_state():
     assert _helped() > before, "the premise: the host ran tasks of the level"
     assert mode.ops == []
     torch.testing.assert_close(out[2].cpu(), x.cpu() @ w3.cpu(), rtol=1e-5, atol=1e-4)
+
+
+def test_a_task_that_fails_fails_the_replay_with_its_error(device_failure):  # noqa: ANN001
+    """A task of the DAG that raises (an index gone out of range after capture) stops the replay without a
+    hang, whichever thread ran it, and the next synchronize raises its error, naming the op."""
+    x = torch.randn(N, N, device="npu")
+    w1, w2 = _weights(2)
+    index = torch.tensor([0, 1], device="npu")
+    g, _ = _capture(lambda: (x @ w1, x @ w2, torch.index_select(x, 0, index)))
+    assert g.replay_levels() == [3]
+    index.fill_(N + 5)
+    g.replay()
+    with pytest.raises(RuntimeError, match="index"):
+        torch.npu.synchronize()
