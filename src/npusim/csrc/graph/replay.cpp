@@ -6,7 +6,6 @@
 #include "../runtime/chip_clock.h"
 #include "../runtime/device.h"
 #include "../runtime/host_wait.h"
-#include "../runtime/subnormals.h"
 
 #include <ATen/ThreadLocalState.h>
 #include <c10/util/Exception.h>
