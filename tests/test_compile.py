@@ -236,6 +236,20 @@ def test_replayed_compiled_kernel_runs_while_the_host_holds_the_gil(monkeypatch)
     assert torch.equal(python_out.cpu(), _scaled(x.cpu()))
 
 
+def test_compiled_kernel_error_is_asynchronous_and_names_it(device_failure):
+    """Inductor's integer division by zero check, raised inside a kernel that is a stream task: the call
+    returns, and the next synchronize raises the failure, naming the compiled kernel and the error (Note
+    [Errors of asynchronous work]); the earlier result stays right."""
+    compiled = torch.compile(lambda a, b: a // b + 1)
+    a = torch.arange(8, device="npu")
+    b = torch.ones(8, dtype=torch.int64, device="npu")
+    assert torch.equal(compiled(a, b).cpu(), torch.arange(1, 9))
+    b[3] = 0
+    compiled(a, b)
+    with pytest.raises(RuntimeError, match="compiled_kernel failed: .*ZeroDivisionError"):
+        torch.npu.synchronize()
+
+
 def test_kernel_signature_from_inductor_arg_types():
     """The letters of a C++ kernel's launch: written, read, integer; none for a type it cannot pass."""
     from npusim.compile.inductor import _kernel_signature
