@@ -10,7 +10,7 @@ import pytest
 import torch
 from torch.utils._python_dispatch import TorchDispatchMode
 
-import npusim  # noqa: F401  (registers the npu device)
+import npusim
 from npusim.runtime import acl
 
 N = 256
@@ -124,9 +124,10 @@ class _CountingMode(TorchDispatchMode):
 
 def test_a_helping_host_runs_tasks_under_the_workers_thread_state():
     """A host that synchronizes inside a TorchDispatchMode (thread-local state) and runs tasks of a level
-    runs their CPU kernels under the worker's state: the mode sees none of them."""
-    x = torch.randn(N, N, device="npu")
-    w1, w2, w3 = _weights(3)
+    runs their CPU kernels under the worker's state: the mode sees none of them. (512-wide: each matmul
+    outlasts the host's way into the synchronize.)"""
+    x = torch.randn(2 * N, 2 * N, device="npu")
+    w1, w2, w3 = (torch.randn(2 * N, 2 * N, device="npu") for _ in range(3))
     g, out = _capture(lambda: (x @ w1, x @ w2, x @ w3))
     assert g.replay_levels() == [3]
     mode = _CountingMode()
@@ -152,3 +153,26 @@ def test_a_task_that_fails_fails_the_replay_with_its_error(device_failure):  # n
     g.replay()
     with pytest.raises(RuntimeError, match="index"):
         torch.npu.synchronize()
+
+
+def _replay_ms(graph: torch.npu.NPUGraph) -> float:
+    start, end = torch.npu.Event(enable_timing=True), torch.npu.Event(enable_timing=True)
+    start.record()
+    graph.replay()
+    end.record()
+    end.synchronize()
+    return start.elapsed_time(end)
+
+
+def test_a_replay_of_independent_tasks_lasts_their_sum_on_the_chip_clock():
+    """Under the chip clock a replay lasts its tasks' modelled durations one after another (the chip runs a
+    stream's kernels one at a time), whichever threads ran them: two independent matmuls take twice one
+    (1024-wide, so that the chip's time is the kernels', not the host's launches)."""
+    x, w1, w2 = (torch.randn(1024, 1024, device="npu") for _ in range(3))
+    with npusim.timing.model(launch_us=10, compute=True):
+        one, _ = _capture(lambda: x @ w1)
+        two, _ = _capture(lambda: (x @ w1, x @ w2))
+        assert two.replay_levels() == [2]
+        single, double = _replay_ms(one), _replay_ms(two)
+    assert single > 0
+    assert double == pytest.approx(2 * single, rel=1e-6)
