@@ -210,6 +210,7 @@ def _done_while_holding_the_gil(graph: torch.npu.NPUGraph, seconds: float = 0.5)
         torch.npu.synchronize()
 
 
+@pytest.mark.asynchronous
 def test_replayed_compiled_kernel_runs_while_the_host_holds_the_gil(monkeypatch):
     """A compiled kernel captured into an npu graph is replayed without Python: the replay completes
     while the host thread holds the GIL. The same kernel captured through its Python binding (no
@@ -236,6 +237,7 @@ def test_replayed_compiled_kernel_runs_while_the_host_holds_the_gil(monkeypatch)
     assert torch.equal(python_out.cpu(), _scaled(x.cpu()))
 
 
+@pytest.mark.asynchronous
 def test_compiled_kernel_error_is_asynchronous_and_names_it(device_failure):
     """Inductor's integer division by zero check, raised inside a kernel that is a stream task: the call
     returns, and the next synchronize raises the failure, naming the compiled kernel and the error (Note

@@ -141,6 +141,7 @@ def test_a_helping_host_runs_tasks_under_the_workers_thread_state():
     torch.testing.assert_close(out[2].cpu(), x.cpu() @ w3.cpu(), rtol=1e-5, atol=1e-4)
 
 
+@pytest.mark.asynchronous
 def test_a_task_that_fails_fails_the_replay_with_its_error(device_failure):  # noqa: ANN001
     """A task of the DAG that raises (an index gone out of range after capture) stops the replay without a
     hang, whichever thread ran it, and the next synchronize raises its error, naming the op."""
