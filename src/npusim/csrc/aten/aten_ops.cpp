@@ -189,13 +189,14 @@ at::Tensor copy_from(const at::Tensor& src, const at::Tensor& dst, bool non_bloc
         }
         return dst;
       }
-      TaskAccess access;  // read by a capture only (Note [Replaying independent tasks at once])
-      if (src_stream.capture() != nullptr) {
+      TaskAccess access;  // a capture's only (Note [Replaying independent tasks at once])
+      TaskAccess* const recorded = src_stream.capture() != nullptr ? &access : nullptr;
+      if (recorded != nullptr) {
         access.add(src.storage().data(), src.storage().nbytes(), /*write=*/false);
         access.add(dst.storage().data(), dst.storage().nbytes(), /*write=*/true);
       }
       src_stream.enqueue(copy_task(dst_alias, src_alias), copy_task_us(nbytes), "copy_d2d", TaskKind::kWork,
-          src_stream.capture() != nullptr ? &access : nullptr);
+          recorded);
       return dst;
     }
     // Cross-device: a two-way barrier so that no one touches dst during the

@@ -158,8 +158,7 @@ class DagRun {
         continue;  // it still waits for another task
       }
       const auto ready = static_cast<int32_t>(s);
-      const bool mine = worker || dag_.worker_only[s] == 0;
-      if (mine && (keep < 0 || dag_.height[s] > dag_.height[static_cast<size_t>(keep)])) {
+      if (may_run(s, worker) && (keep < 0 || dag_.height[s] > dag_.height[static_cast<size_t>(keep)])) {
         if (keep >= 0) {
           push(keep);
         }
@@ -169,6 +168,11 @@ class DagRun {
       }
     }
     return keep;
+  }
+
+  // Whether the calling thread (the worker or a helping host) may run task `t`.
+  bool may_run(size_t t, bool worker) const {
+    return worker || dag_.worker_only[t] == 0;
   }
 
   void push(int32_t task) {
@@ -187,7 +191,7 @@ class DagRun {
     size_t best = ready_.size();
     for (size_t i = 0; i < ready_.size(); ++i) {
       const auto t = static_cast<size_t>(ready_[i]);
-      if ((worker || !dag_.worker_only[t]) &&
+      if (may_run(t, worker) &&
           (best == ready_.size() || dag_.height[t] > dag_.height[static_cast<size_t>(ready_[best])])) {
         best = i;
       }

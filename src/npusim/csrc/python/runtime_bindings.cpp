@@ -191,11 +191,11 @@ std::shared_ptr<PythonCall> python_call(py::object fn, py::tuple args) {
 
 // The direct call of a compiled kernel's entry point on `args` (Note
 // [Compiled kernels without the GIL]), with what it reads and writes in
-// `access`; nullopt where the kernel keeps its Python call. `signature`: a
-// letter per argument, 'r' a tensor the kernel reads, 'w' one it writes, 'i'
-// a 64-bit integer.
+// `access` (null: not asked, the stream is not captured); nullopt where the
+// kernel keeps its Python call. `signature`: a letter per argument, 'r' a
+// tensor the kernel reads, 'w' one it writes, 'i' a 64-bit integer.
 std::optional<npusim::CompiledKernelCall> direct_kernel_call(uintptr_t entry, const py::tuple& args,
-    const std::string& signature, c10::DeviceIndex device, npusim::TaskAccess& access) {
+    const std::string& signature, c10::DeviceIndex device, npusim::TaskAccess* access) {
   if (entry == 0 || !npusim::compiled_kernels_callable() || signature.size() != args.size() ||
       args.size() > npusim::kMaxCompiledKernelArgs) {
     return std::nullopt;
@@ -214,8 +214,10 @@ std::optional<npusim::CompiledKernelCall> direct_kernel_call(uintptr_t entry, co
         return std::nullopt;
       }
       call.words.push_back(reinterpret_cast<uintptr_t>(t.data_ptr()));
-      const c10::Storage& storage = t.storage();
-      access.add(storage.data(), storage.nbytes(), kind == 'w');
+      if (access != nullptr) {
+        const c10::Storage& storage = t.storage();
+        access->add(storage.data(), storage.nbytes(), kind == 'w');
+      }
     } else if (kind == 'i' && PyLong_Check(arg)) {
       int overflow = 0;
       const long long value = PyLong_AsLongLongAndOverflow(arg, &overflow);
@@ -339,9 +341,9 @@ void init_runtime_bindings(py::module& m) {
     }
     NpuStream& s = npusim::current_stream(static_cast<c10::DeviceIndex>(device));
     npusim::TaskAccess access;
-    if (auto call = direct_kernel_call(entry, args, signature, static_cast<c10::DeviceIndex>(device), access)) {
-      s.enqueue(std::move(*call), 0.0, "compiled_kernel", npusim::TaskKind::kWork,
-          s.capture() != nullptr ? &access : nullptr);
+    npusim::TaskAccess* const recorded = s.capture() != nullptr ? &access : nullptr;  // a capture's only
+    if (auto call = direct_kernel_call(entry, args, signature, static_cast<c10::DeviceIndex>(device), recorded)) {
+      s.enqueue(std::move(*call), 0.0, "compiled_kernel", npusim::TaskKind::kWork, recorded);
       return;
     }
     if (s.capture() != nullptr) {

@@ -717,8 +717,8 @@ struct NpuStream::SharedWork {
 
 void NpuStream::run_shared(int64_t n, int64_t grain, c10::function_ref<void(int64_t, int64_t)> body) {
   NpuStream* const stream = tls_worker_stream;
-  // Inside a claim of shared work (a replayed level's task that copies), the
-  // thread runs it alone: a stream shares one batch at a time.
+  // Inside a claim of shared work (a task of a replayed graph that copies),
+  // the thread runs it alone: a stream shares one batch at a time.
   if (n <= grain || stream == nullptr || tls_in_shared_work) {
     body(0, n);
     return;
