@@ -129,6 +129,32 @@ def test_captured_training_step_with_dropout_replays_fresh_masks_equal_to_eager(
         torch.testing.assert_close(pg.cpu(), pe.cpu())
 
 
+def test_dropout_of_an_intermediate_freed_during_capture_draws_fresh_masks() -> None:
+    """dropout((x @ w).relu()) with no autograd: the matmul's output is freed during the capture before
+    dropout draws, and its block of the graph's pool is reused. Each replay still draws a new mask,
+    equal to eager's under the same seed (the graph-safe seed and offset live outside the pool: a replayed
+    matmul once overwrote them, and every replay drew the same mask)."""
+    torch.manual_seed(0)
+    x, w = torch.randn(16, 128, device="npu"), torch.randn(128, 128, device="npu")
+
+    def step() -> tuple[torch.Tensor, torch.Tensor]:
+        return torch.native_dropout((x @ w).relu(), 0.1, True)
+
+    g = torch.npu.NPUGraph()
+    torch.npu.synchronize()
+    with torch.npu.graph(g):
+        _, static_mask = step()
+    masks = []
+    for k in range(3):
+        torch.npu.manual_seed(200 + k)
+        g.replay()
+        torch.npu.synchronize()
+        masks.append(static_mask.cpu().clone())
+        torch.npu.manual_seed(200 + k)
+        assert torch.equal(masks[-1], step()[1].cpu())
+    assert not torch.equal(masks[0], masks[1]) and not torch.equal(masks[1], masks[2])
+
+
 def test_rng_state_saved_and_restored_inside_a_capture() -> None:
     """get_rng_state / set_rng_state inside a capture work on the graph's own offset (as checkpointing needs)."""
 

@@ -90,9 +90,8 @@ PhiloxState NpuGeneratorState::take(uint64_t numel, StreamCapture* capture) {
     return state;
   }
   Slot& slot = slot_locked(*capture);
-  const auto* words = static_cast<const int64_t*>(slot.words.get());
-  state.seed_ptr = words;
-  state.offset_ptr = words + 1;
+  state.seed_ptr = &slot.words[0];
+  state.offset_ptr = &slot.words[1];
   state.offset = slot.intragraph;
   state.slot = slots_.at(capture->id());
   slot.intragraph += round_up_to_4(numel);
@@ -110,12 +109,7 @@ NpuGeneratorState::Slot& NpuGeneratorState::slot_locked(StreamCapture& capture) 
   auto& slot = slots_[capture.id()];
   if (!slot) {
     slot = std::make_shared<Slot>();
-    // Allocated outside the graph's pool (the slot outlives any one capture's
-    // allocations, as CUDA's RNG state tensors do).
-    slot->words = allocate_device(device_, 2 * sizeof(int64_t));
-    auto* words = static_cast<int64_t*>(slot->words.get());
-    words[0] = static_cast<int64_t>(seed_);
-    words[1] = 0;
+    slot->words = {static_cast<int64_t>(seed_), 0};
     capture.add_client(shared_from_this());
   }
   return *slot;
@@ -143,9 +137,7 @@ std::function<void()> NpuGeneratorState::replay_prologue(uint64_t capture_id, ui
   offset_ += increment;
   // Written on the replay stream, before the graph's tasks read it.
   return [slot = it->second, seed, offset] {
-    auto* words = static_cast<int64_t*>(slot->words.get());
-    words[0] = seed;
-    words[1] = offset;
+    slot->words = {seed, offset};
   };
 }
 

@@ -9,6 +9,7 @@
 #include <c10/core/Allocator.h>
 #include <c10/core/GeneratorImpl.h>
 
+#include <array>
 #include <cstdint>
 #include <map>
 #include <memory>
@@ -118,7 +119,15 @@ class NpuGeneratorState final : public CaptureClient, public std::enable_shared_
 
  private:
   struct Slot {
-    c10::DataPtr words;  // int64 seed, int64 offset (device memory outside any graph pool)
+    // The seed and the offset a replay's prologue writes and its tasks read.
+    // Memory of the slot itself, not of the caching allocator: during a
+    // capture the allocator serves the graph's private pool, where a block an
+    // intermediate freed earlier in the capture could hold the slot, and a
+    // replayed kernel writing that intermediate would then overwrite the
+    // prologue's offset with the same values at every replay (every replay drew
+    // the same dropout mask). npu memory is host memory, so the tasks read it
+    // as they read device memory.
+    std::array<int64_t, 2> words{};
     uint64_t intragraph = 0;
   };
   // The slot of `capture` (made on first use, registering this state with it).
