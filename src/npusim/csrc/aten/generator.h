@@ -51,7 +51,7 @@ constexpr uint64_t kNonElementwiseOffset = 4;
 // ~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~
 // As CUDA's CUDAGeneratorImpl. While the current stream of the generator's
 // device is captured (an npu graph), a random op does not take (seed, offset)
-// by value: it gets the addresses of two device words holding the seed and the
+// by value: it gets the addresses of two words (its capture slot's) holding the seed and the
 // base offset of the capture's replays, plus its own offset within the graph
 // (the intragraph offset, which each op advances as it advances the offset
 // eagerly); its recorded task reads them when it runs (PhiloxState::unpack).
