@@ -188,6 +188,33 @@ def test_capture_errors_name_the_problem() -> None:
         g.replay()
 
 
+def test_ops_that_resize_an_empty_result_are_captured() -> None:
+    """abs and angle hand an empty result to their out= form, which resizes it: captured from the graph's pool,
+    replayed over new inputs as eager computes them."""
+    x = torch.randn(16, device="npu")
+    g, (a, b) = _capture(lambda t: (t.abs(), torch.angle(t)), x)
+    for step in range(2):
+        x.copy_(torch.randn(16) - step)
+        g.replay()
+        torch.npu.synchronize()
+        assert torch.equal(a.cpu(), x.cpu().abs())
+        assert torch.equal(b.cpu(), torch.angle(x.cpu()))
+
+
+@pytest.mark.filterwarnings("ignore:An output with one or more elements was resized")
+def test_capture_refuses_growing_an_output_that_holds_bytes() -> None:
+    """Growing a non-empty out= argument would record a copy of freed bytes: refused, the output untouched."""
+    x = torch.randn(16, device="npu")
+    out = torch.full((4,), 7.0, device="npu")
+    g = torch.npu.NPUGraph()
+    with pytest.raises(RuntimeError, match=r"aten::abs.out grows its output argument from \[4\] to \[16\]"), \
+            torch.npu.graph(g):
+        torch.abs(x, out=out)
+    assert not torch.npu.is_current_stream_capturing()
+    torch.npu.synchronize()
+    assert out.tolist() == [7.0] * 4
+
+
 @pytest.mark.parametrize("op", [
     pytest.param(lambda a, b: a.add(b), id="unboxed-add"),
     pytest.param(lambda a, b: torch.cat([a, b]), id="boxed-cat"),

@@ -82,9 +82,12 @@ void LaunchArgs::plan_from_meta(const std::vector<c10::IValue>& results, MetaPla
         m.storage_offset() != device.storage_offset() || m.storage().nbytes() != device.storage().nbytes()) {
       TORCH_CHECK(inputs_[k].use == ArgUse::kWritten, "its Meta kernel changed an argument it does not write");
       updates_.push_back(Update{static_cast<int32_t>(k), m});
-      if (resize_message_.empty()) {
-        resize_message_ = c10::str(op_.schema().operator_name(), " resizes its output argument from ",
-            device.sizes(), " to ", m.sizes());
+      // See Note [Resizing an output during capture].
+      const size_t old_nbytes = device.storage().nbytes();
+      if (resize_message_.empty() && old_nbytes > 0 && m.storage().nbytes() > old_nbytes) {
+        resize_message_ = c10::str(op_.schema().operator_name(), " grows its output argument from ",
+            device.sizes(), " to ", m.sizes(), ", whose ", old_nbytes,
+            " old bytes a replay would copy from memory the graph does not own,");
       }
     }
   }

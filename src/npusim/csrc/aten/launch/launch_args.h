@@ -60,6 +60,19 @@ class LaunchArgs {
   bool resizes_arguments() const {
     return !updates_.empty();
   }
+  // Note [Resizing an output during capture]
+  // ~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~
+  // An out= resize is done on the host at launch (begin_task), so a capture
+  // records the kernel over the final shape and a replay resizes nothing. A
+  // fresh storage comes from the graph's pool, as CUDA's resize in a capture
+  // allocates from it: this is how composite ops such as abs(x) (an empty
+  // result handed to abs.out) are captured. What a capture refuses is growing
+  // a storage that holds bytes: the stream-ordered copy of the old bytes
+  // would be recorded reading a block freed at capture time, which a replay
+  // cannot own (CUDA records that copy as it is, a read of freed memory).
+  bool capture_refuses_resize() const {
+    return !resize_message_.empty();
+  }
   const std::string& resize_message() const {
     return resize_message_;
   }

@@ -154,7 +154,7 @@ bool launch_boxed(const c10::OperatorHandle& op, torch::jit::Stack* stack) {
       target.capture()->refuse(c10::str("npu graph capture: ", traits.name, " cannot be captured: ",
           launch.why_host()));
     }
-    if (launch.args().resizes_arguments()) {
+    if (launch.args().capture_refuses_resize()) {
       target.capture()->refuse(c10::str("npu graph capture: ", launch.args().resize_message(),
           " during capture; allocate outputs with their final shape before capturing"));
     }
