@@ -40,10 +40,13 @@ def _tasks(device: int = 0) -> int:
     return acl.stream_enqueued(stream.stream_id, stream.device_index)
 
 
-def _hold_stream(device: int = 0) -> None:
-    """Keeps the stream busy (10 ms) so that what follows is queued as a task, not done by the host."""
+def _hold_stream(device: int = 0, cycles: int = 10**7) -> None:
+    """Keeps the stream busy for ``cycles`` (10**7: 5.6 ms at the default profile's 1800 MHz) so that what
+    follows is queued as a task, not done by the host. A test that issues many calls behind one hold asks
+    for more: on a loaded 2-core machine a call that found the stream idle again was done by the host,
+    so it enqueued and cached nothing."""
     with torch.npu.device(device):
-        torch.npu._sleep(10**7)
+        torch.npu._sleep(cycles)
 
 
 def _run(fn: Any, sample: Any, device: str) -> tuple[Any, Any]:
@@ -142,7 +145,7 @@ def test_scalar_lists_of_new_values_reuse_the_cached_output_metadata():
     ints = [torch.arange(1, 14, dtype=torch.int32, device="npu").reshape(1, 13) for _ in range(3)]
     expected = [p.cpu() for p in params]
     cpu_num, cpu_den = [t.cpu() for t in num], [t.cpu() for t in den]
-    _hold_stream()  # every call below is a launch (an idle stream's small work is done by the host)
+    _hold_stream(cycles=10**8)  # every call below is a launch (an idle stream's small work is done by the host)
     before = _tasks()
     torch._foreach_addcdiv_(params, num, den, [0.5, 0.25, 0.125])
     torch._foreach_addcdiv_(expected, cpu_num, cpu_den, [0.5, 0.25, 0.125])
