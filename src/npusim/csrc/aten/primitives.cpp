@@ -63,8 +63,8 @@ constexpr int64_t kSpansPerClaim = 4;
 // One aclnnForeachCopy task: pairs [begin, end) of the lists.
 void launch_chunk(NpuStream& stream, const c10::Device device, at::TensorList dsts, at::TensorList srcs,
     size_t begin, size_t end) {
-  // Pairs with one byte layout (what the fast route guarantees) are copied as
-  // raw byte spans; building CPU views for them would dominate the host cost.
+  // Pairs are copied as raw byte spans; building CPU views for them would
+  // dominate the host cost.
   struct Span {
     void* dst;
     const void* src;
@@ -77,13 +77,13 @@ void launch_chunk(NpuStream& stream, const c10::Device device, at::TensorList ds
   for (size_t i = begin; i < end; ++i) {
     const at::Tensor& d = dsts[i];
     const at::Tensor& s = srcs[i];
-    TORCH_CHECK(d.device() == device && s.device() == device, "launch_foreach_copy: pair ", i, " is ",
-        s.device(), " -> ", d.device(), "; expected every tensor on ", device);
-    TORCH_CHECK(d.sizes().equals(s.sizes()), "launch_foreach_copy: pair ", i, " has source shape ",
-        s.sizes(), " and destination shape ", d.sizes());
+    TORCH_INTERNAL_ASSERT_DEBUG_ONLY(d.device() == device && s.device() == device && d.sizes().equals(s.sizes()));
     const size_t n = byte_size(d);
     nbytes += n;
-    if (same_byte_layout(d, s)) {
+    // The fast route's pairs (can_use_fast_route: one dtype, equal sizes, both dense, strides equal
+    // wherever a size is not 1) lie over one byte layout; only a lazy conjugate or negative bit
+    // makes the bytes differ from the values.
+    if (!d.is_conj() && !s.is_conj() && !d.is_neg() && !s.is_neg()) {
       void* dst_ptr = d.data_ptr();
       const void* src_ptr = s.const_data_ptr();
       if (n > 0 && dst_ptr != src_ptr) {

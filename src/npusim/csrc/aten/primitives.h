@@ -11,7 +11,9 @@ namespace npusim {
 // aclnnForeachCopy: the op-plugin's SINGLE_FOREACH_OP_TENSOR_COUNT.
 constexpr size_t kSingleForeachOpTensorCount = 48;
 
-// The fast route's device kernel: one task per chunk of at most
+// The fast route's device kernel, for pairs that pass
+// at::native::can_use_fast_route (the caller's check; not repeated here): one
+// task per chunk of at most
 // kSingleForeachOpTensorCount pairs on the current stream of dsts[0]'s
 // device, then one version bump per destination. Returns the chunk count once
 // the tasks are enqueued, or, with `wait` (the legacy kernel's blocking
