@@ -1,14 +1,16 @@
 """A host thread that waits for a stream runs part of the task that stream's worker is running, when that
-task shares its work (a foreach copy's spans, a random fill's counter ranges): the results are those the
-worker alone writes, and the stream's count of items its waiting hosts ran says the host took part."""
+task shares its work (a foreach copy's spans, a random fill's counter ranges, the element parts of an
+arithmetic pointwise kernel): the results are those the worker alone writes, and the stream's count of
+items its waiting hosts ran says the host took part."""
 
 from __future__ import annotations
 
 import contextlib
 import gc
 import time
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 
+import pytest
 import torch
 
 from npusim.runtime import acl
@@ -87,6 +89,7 @@ def _draw(op: str, wait: bool) -> tuple[list[torch.Tensor], int]:
     return [t.cpu() for t in tensors], _items_helped() - before
 
 
+@pytest.mark.asynchronous  # NPUSIM_LAUNCH_BLOCKING=1 makes the host compute the fills itself
 def test_random_fills_draw_the_same_numbers_whoever_writes_them() -> None:
     for op in ("normal_", "uniform_", "exponential_"):
         alone, not_helped = _draw(op, wait=False)
@@ -96,3 +99,63 @@ def test_random_fills_draw_the_same_numbers_whoever_writes_them() -> None:
         assert helped > 0, op
         for i, (a, b) in enumerate(zip(alone, shared, strict=True)):
             assert torch.equal(a, b), f"{op}, fill {i}"
+
+
+# Sizes with and without a tail after the last whole part of 16384 elements (Note [Pointwise work shared
+# with a waiting host]); each holds many parts, so a host that waits takes some.
+POINTWISE_SIZES = (1 << 20, (1 << 20) + 16384 * 3 + 7)
+
+ARITHMETIC: dict[str, Callable[[torch.Tensor, torch.Tensor], torch.Tensor]] = {
+    "add_": lambda a, b: a.clone().add_(b, alpha=0.5),
+    "mul": torch.mul,
+    "div": torch.div,
+    "addcmul": lambda a, b: torch.addcmul(a, a, b, value=2.0),
+    "maximum": torch.maximum,
+    "threshold_backward": lambda a, b: torch.ops.aten.threshold_backward(b, a, 0.0),
+}
+
+
+def _pointwise(fns: dict[str, Callable[[torch.Tensor, torch.Tensor], torch.Tensor]], a: torch.Tensor,
+               b: torch.Tensor, wait: bool) -> tuple[dict[str, torch.Tensor], int]:
+    """Each fn(a, b), CALLS times, queued behind a busy stream (so that they are stream tasks), and the items
+    waiting hosts ran."""
+    torch.npu.synchronize()
+    before = _items_helped()
+    with _no_gc():
+        torch.npu._sleep(HEAD_START_CYCLES)
+        # milliseconds of tasks: a host that slept in its wait is woken in time to help
+        out = {name: [fn(a, b) for _ in range(CALLS)] for name, fn in fns.items()}
+        if not wait:
+            time.sleep(0.5)  # the worker finishes alone: the host is in no wait for the stream
+        torch.npu.synchronize()
+    for name, results in out.items():
+        assert all(torch.equal(r, results[0]) for r in results), name
+    return {name: results[0].cpu() for name, results in out.items()}, _items_helped() - before
+
+
+@pytest.mark.asynchronous  # the kernels must run as stream tasks
+@pytest.mark.parametrize("numel", POINTWISE_SIZES)
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16], ids=str)
+def test_a_waiting_host_computes_parts_of_arithmetic_kernels(numel: int, dtype: torch.dtype) -> None:
+    torch.manual_seed(numel)
+    a, b = torch.randn(numel, dtype=dtype), torch.rand(numel, dtype=dtype) + 0.5
+    an, bn = a.to("npu"), b.to("npu")
+    alone, not_helped = _pointwise(ARITHMETIC, an, bn, wait=False)
+    assert not_helped == 0
+    for name, fn in ARITHMETIC.items():
+        shared, helped = _pointwise({name: fn}, an, bn, wait=True)
+        assert helped > 0, name
+        # bit for bit CPU's, whichever thread computed each part
+        assert torch.equal(alone[name], fn(a, b)), name
+        assert torch.equal(shared[name], fn(a, b)), name
+
+
+@pytest.mark.asynchronous
+def test_transcendental_and_broadcasting_kernels_run_whole() -> None:
+    """tanh calls MKL's vector math, whose first concurrent calls need not agree; a broadcast operand has
+    another shape: neither is split, so no waiting host takes part in them."""
+    a = torch.randn(1 << 20, device="npu")
+    row = torch.randn(1024, device="npu")
+    _, helped = _pointwise({"tanh": lambda x, _: torch.tanh(x),
+                            "broadcast add": lambda x, r: x.view(1024, 1024) + r}, a, row, wait=True)
+    assert helped == 0

@@ -591,6 +591,22 @@ bool NpuStream::wait_completed(uint64_t target, double timeout_s) {
       : std::min<std::chrono::steady_clock::duration>(kHostSpin,
             std::chrono::duration_cast<std::chrono::steady_clock::duration>(std::chrono::duration<double>(timeout_s)));
   const bool host = !on_stream_worker();
+  // Counted for host_may_help while it waits, asleep or not.
+  struct InWait {
+    std::atomic<int>* hosts;
+    explicit InWait(std::atomic<int>* n) : hosts(n) {
+      if (hosts != nullptr) {
+        hosts->fetch_add(1, std::memory_order_relaxed);
+      }
+    }
+    ~InWait() {
+      if (hosts != nullptr) {
+        hosts->fetch_sub(1, std::memory_order_relaxed);
+      }
+    }
+    InWait(const InWait&) = delete;
+    InWait& operator=(const InWait&) = delete;
+  } in_wait(host ? &hosts_in_wait_ : nullptr);
   auto ready_or_help = [&] {
     // The inline check keeps the spin's turn a pair of loads while nothing is shared.
     if (host && shared_work_.load(std::memory_order_relaxed) != nullptr) {
@@ -739,6 +755,11 @@ void NpuStream::run_shared(int64_t n, int64_t grain, c10::function_ref<void(int6
   if (work.error) {
     std::rethrow_exception(work.error);  // the task fails: Note [Errors of asynchronous work]
   }
+}
+
+bool NpuStream::host_may_help() {
+  const NpuStream* const stream = tls_worker_stream;
+  return stream != nullptr && !tls_in_shared_work && stream->hosts_in_wait_.load(std::memory_order_relaxed) > 0;
 }
 
 void NpuStream::help_with_shared_work() {

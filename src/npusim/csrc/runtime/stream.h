@@ -223,6 +223,12 @@ class NpuStream {
   // An error body raises, on any of those threads, stops the other claims
   // and is rethrown here once no thread is inside the batch.
   static void run_shared(int64_t n, int64_t grain, c10::function_ref<void(int64_t, int64_t)> body);
+  // Whether a task running now on the calling thread could have its items
+  // shared (run_shared) with a host that is waiting for its stream at this
+  // moment: the calling thread is a stream worker, outside shared work, and
+  // a host thread is inside a wait for that stream. Work that splits only to
+  // be shared asks this first (a split nobody helps with only costs).
+  static bool host_may_help();
   // The items of shared work that waiting host threads have run on this stream.
   uint64_t items_helped() const { return items_helped_.load(std::memory_order_relaxed); }
 
@@ -294,6 +300,8 @@ class NpuStream {
   alignas(64) std::atomic<SharedWork*> shared_work_{nullptr};
   std::atomic<int> helpers_{0};
   std::atomic<uint64_t> items_helped_{0};
+  // Host threads inside wait_completed (spinning or asleep): host_may_help.
+  std::atomic<int> hosts_in_wait_{0};
   std::unique_ptr<std::thread> worker_;
 };
 

@@ -7,10 +7,12 @@
 #pragma once
 
 #include "launch_args.h"
+#include "pointwise_parts.h"
 #include "../op_traits.h"
 #include "../../runtime/stream.h"
 #include "../intraop_threads.h"
 
+#include <ATen/ThreadLocalState.h>
 #include <ATen/core/Tensor.h>
 #include <c10/core/DeviceGuard.h>
 #include <c10/core/Scalar.h>
@@ -21,6 +23,7 @@
 #include <memory>
 #include <optional>
 #include <string>
+#include <thread>
 #include <tuple>
 #include <type_traits>
 #include <utility>
@@ -198,6 +201,8 @@ struct UnboxedTask : TaskTensors {
   std::tuple<typename LaunchArg<Args>::stored...> args;
   int32_t out = -1;  // the output's snapshot (functional ops)
   const char* name = nullptr;
+  // An arithmetic kernel (Note [Pointwise work shared with a waiting host]).
+  bool shares_parts = false;
 
   void run() const {
     if (!this->kernel_runs()) {  // Note [Plan mode]
@@ -215,15 +220,70 @@ struct UnboxedTask : TaskTensors {
       std::apply([&](auto&... a) {
         if constexpr (!std::is_void_v<OutOp>) {
           at::Tensor dst = aliases.get(out);
-          OutOp::redispatch(cpu_keys, a..., dst);
+          const int64_t parts = shares_parts && NpuStream::host_may_help() ? parts_of(&dst, a...) : 1;
+          if (parts > 1) {
+            run_parts(parts, cpu_keys, dst, a...);  // Note [Pointwise work shared with a waiting host]
+          } else {
+            OutOp::redispatch(cpu_keys, a..., dst);
+          }
           aliases.place(dst, out, name);
         } else if (out >= 0) {
           aliases.place(Op::redispatch(cpu_keys, a...), out, name);
         } else {
-          Op::redispatch(cpu_keys, a...);
+          const int64_t parts = shares_parts && NpuStream::host_may_help() ? parts_of(nullptr, a...) : 1;
+          if (parts > 1) {
+            run_parts(parts, cpu_keys, at::Tensor(), a...);  // an in-place op: its first argument's parts
+          } else {
+            Op::redispatch(cpu_keys, a...);
+          }
         }
       }, cpu);
     }, args);
+  }
+
+ private:
+  // The parts of the kernel's tensors (`dst`, the out= output, may be null).
+  template <class... A>
+  static int64_t parts_of(const at::Tensor* dst, const A&... a) {
+    c10::SmallVector<const at::Tensor*, 6> tensors{dst};
+    auto add = [&](const auto& arg) {
+      using T = std::decay_t<decltype(arg)>;
+      if constexpr (std::is_same_v<T, at::Tensor>) {
+        tensors.push_back(&arg);
+      } else if constexpr (std::is_same_v<T, std::optional<at::Tensor>>) {
+        if (arg.has_value()) {
+          tensors.push_back(&*arg);
+        }
+      }
+    };
+    (add(a), ...);
+    return pointwise_parts(tensors);
+  }
+
+  // Runs the kernel over each part, on this worker and a waiting host; the
+  // host runs under the worker's thread-local state (below autograd, the
+  // worker's dispatch keys), as a replay's helping host does.
+  template <class... A>
+  static void run_parts(int64_t parts, c10::DispatchKeySet cpu_keys, const at::Tensor& dst, const A&... a) {
+    const at::ThreadLocalState worker_state;
+    const std::thread::id worker = std::this_thread::get_id();
+    NpuStream::run_shared(parts, 1, [&](int64_t begin, int64_t end) {
+      std::optional<at::ThreadLocalStateGuard> state;
+      if (std::this_thread::get_id() != worker) {
+        state.emplace(worker_state);
+      }
+      for (int64_t p = begin; p < end; ++p) {
+        auto part = std::make_tuple(pointwise_part(a, p)...);
+        std::apply([&](auto&... q) {
+          if constexpr (!std::is_void_v<OutOp>) {
+            at::Tensor out_part = pointwise_part(dst, p);
+            OutOp::redispatch(cpu_keys, q..., out_part);
+          } else {
+            Op::redispatch(cpu_keys, q...);
+          }
+        }, part);
+      }
+    });
   }
 };
 
@@ -273,6 +333,8 @@ bool launch_unboxed(const c10::OperatorHandle& op, const char* name, const std::
   task->name = name;
   static const bool pointwise = is_pointwise(op);  // Note [A core for the host]
   task->pointwise = pointwise;
+  static const bool shares_parts = shares_pointwise_parts(name);
+  task->shares_parts = shares_parts;
   NpuStream& stream = current_stream(device);
   // What it reads and writes, for a capture only (Note [Replaying independent tasks at once]).
   const std::optional<TaskAccess> access =
