@@ -61,8 +61,7 @@ void raw_copy(const at::Tensor& dst, const at::Tensor& src) {
 constexpr int64_t kSpansPerClaim = 4;
 
 // One aclnnForeachCopy task: pairs [begin, end) of the lists.
-void launch_chunk(NpuStream& stream, const c10::Device device, at::TensorList dsts, at::TensorList srcs,
-    size_t begin, size_t end) {
+void launch_chunk(NpuStream& stream, at::TensorList dsts, at::TensorList srcs, size_t begin, size_t end) {
   // Pairs are copied as raw byte spans; building CPU views for them would
   // dominate the host cost.
   struct Span {
@@ -77,7 +76,8 @@ void launch_chunk(NpuStream& stream, const c10::Device device, at::TensorList ds
   for (size_t i = begin; i < end; ++i) {
     const at::Tensor& d = dsts[i];
     const at::Tensor& s = srcs[i];
-    TORCH_INTERNAL_ASSERT_DEBUG_ONLY(d.device() == device && s.device() == device && d.sizes().equals(s.sizes()));
+    TORCH_INTERNAL_ASSERT_DEBUG_ONLY(d.device() == dsts[0].device() && s.device() == d.device() &&
+        d.sizes().equals(s.sizes()));
     const size_t n = byte_size(d);
     nbytes += n;
     // The fast route's pairs (can_use_fast_route: one dtype, equal sizes, both dense, strides equal
@@ -121,7 +121,7 @@ int64_t launch_foreach_copy(at::TensorList dsts, at::TensorList srcs, bool wait,
   NpuStream& stream = current_stream(device.index());
   int64_t chunks = 0;
   for (size_t begin = 0; begin < dsts.size(); begin += kSingleForeachOpTensorCount) {
-    launch_chunk(stream, device, dsts, srcs, begin, std::min(dsts.size(), begin + kSingleForeachOpTensorCount));
+    launch_chunk(stream, dsts, srcs, begin, std::min(dsts.size(), begin + kSingleForeachOpTensorCount));
     ++chunks;
   }
   increment_version(dsts);

@@ -7,7 +7,6 @@
 #include "../runtime/device.h"
 #include "../runtime/host_wait.h"
 
-#include <ATen/ThreadLocalState.h>
 #include <c10/util/Exception.h>
 
 #include <array>
@@ -219,18 +218,10 @@ class DagRun {
 // the stream (Note [Replaying independent tasks at once]); no realtime timing.
 void run_dag(const CapturedGraph& graph) {
   DagRun run(graph.dag, graph.lanes[0].tasks);
-  // What a helping host runs tasks under: the worker's thread-local state,
-  // not the waiting user's (grad mode, dispatch keys, Python modes).
-  const at::ThreadLocalState worker_state;
   const std::thread::id worker = std::this_thread::get_id();
   // Two parts: the worker takes the first (and the second, if no host came).
-  NpuStream::run_shared(2, 1, [&](int64_t, int64_t) {
-    const bool on_worker = std::this_thread::get_id() == worker;
-    std::optional<at::ThreadLocalStateGuard> state;
-    if (!on_worker) {
-      state.emplace(worker_state);
-    }
-    run.take_part(on_worker);
+  NpuStream::run_shared_as_worker(2, 1, [&](int64_t, int64_t) {
+    run.take_part(std::this_thread::get_id() == worker);
   });
   if (TaskClock* clock = current_task_clock()) {
     clock->advance(graph.dag.duration_us);  // the chip runs them one at a time

@@ -27,9 +27,9 @@ namespace npusim {
 // last writer and its readers since. A task of unknown access (a random
 // fill, a replay of another graph, a host function) waits for every task
 // before it, every task after it waits for it, and only the stream worker
-// runs it. A replay runs the DAG through NpuStream::run_shared: the worker,
-// and a host thread that waits for the replay's stream (Note [A waiting host
-// helps]), each take a task whose predecessors have run, under the worker's
+// runs it. A replay runs the DAG through NpuStream::run_shared_as_worker:
+// the worker, and a host thread that waits for the replay's stream (Note [A
+// waiting host helps]), each take a task whose predecessors have run, under the worker's
 // thread-local state (grad mode, dispatch keys, Python modes) and with
 // subnormals kept. A thread that finishes a task goes on with the successor
 // it made ready that has the longest path to the end (its inputs are in this

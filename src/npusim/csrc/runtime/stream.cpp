@@ -3,6 +3,7 @@
 #include "host_wait.h"
 #include "subnormals.h"
 
+#include <ATen/ThreadLocalState.h>
 #include <c10/util/Exception.h>
 #include <c10/util/StringUtil.h>
 
@@ -14,6 +15,7 @@
 #include <cstring>
 #include <exception>
 #include <map>
+#include <optional>
 #include <sstream>
 
 namespace npusim {
@@ -157,6 +159,26 @@ thread_local NpuStream* tls_worker_stream = nullptr;
 
 constexpr auto kWorkerSpin = std::chrono::milliseconds(3);
 constexpr auto kHostSpin = std::chrono::milliseconds(3);
+
+// Counts the calling thread in `count` (if any) for its scope.
+class ScopedCount {
+ public:
+  explicit ScopedCount(std::atomic<int>* count) : count_(count) {
+    if (count_ != nullptr) {
+      count_->fetch_add(1, std::memory_order_seq_cst);
+    }
+  }
+  ~ScopedCount() {
+    if (count_ != nullptr) {
+      count_->fetch_sub(1, std::memory_order_seq_cst);
+    }
+  }
+  ScopedCount(const ScopedCount&) = delete;
+  ScopedCount& operator=(const ScopedCount&) = delete;
+
+ private:
+  std::atomic<int>* count_;
+};
 
 // Spins until done() or `budget` has passed; true if done().
 template <class Done>
@@ -592,21 +614,7 @@ bool NpuStream::wait_completed(uint64_t target, double timeout_s) {
             std::chrono::duration_cast<std::chrono::steady_clock::duration>(std::chrono::duration<double>(timeout_s)));
   const bool host = !on_stream_worker();
   // Counted for host_may_help while it waits, asleep or not.
-  struct InWait {
-    std::atomic<int>* hosts;
-    explicit InWait(std::atomic<int>* n) : hosts(n) {
-      if (hosts != nullptr) {
-        hosts->fetch_add(1, std::memory_order_relaxed);
-      }
-    }
-    ~InWait() {
-      if (hosts != nullptr) {
-        hosts->fetch_sub(1, std::memory_order_relaxed);
-      }
-    }
-    InWait(const InWait&) = delete;
-    InWait& operator=(const InWait&) = delete;
-  } in_wait(host ? &hosts_in_wait_ : nullptr);
+  const ScopedCount in_wait(host ? &hosts_in_wait_ : nullptr);
   auto ready_or_help = [&] {
     // The inline check keeps the spin's turn a pair of loads while nothing is shared.
     if (host && shared_work_.load(std::memory_order_relaxed) != nullptr) {
@@ -618,15 +626,7 @@ bool NpuStream::wait_completed(uint64_t target, double timeout_s) {
     return true;
   }
   // Counted while asleep (the worker then notifies); the interrupt check may throw out of the wait.
-  struct Asleep {
-    std::atomic<int>& waiters;
-    explicit Asleep(std::atomic<int>& n) : waiters(n) {
-      waiters.fetch_add(1, std::memory_order_seq_cst);
-    }
-    ~Asleep() {
-      waiters.fetch_sub(1, std::memory_order_seq_cst);
-    }
-  } asleep(host_waiters_);
+  const ScopedCount asleep(&host_waiters_);
   // Asleep, it is also woken by a task that shares its work (Note [A waiting host helps]).
   auto ready_or_work = [&] { return ready() || (host && shared_work_.load(std::memory_order_seq_cst) != nullptr); };
   using Clock = std::chrono::steady_clock;
@@ -755,6 +755,22 @@ void NpuStream::run_shared(int64_t n, int64_t grain, c10::function_ref<void(int6
   if (work.error) {
     std::rethrow_exception(work.error);  // the task fails: Note [Errors of asynchronous work]
   }
+}
+
+void NpuStream::run_shared_as_worker(int64_t n, int64_t grain, c10::function_ref<void(int64_t, int64_t)> body) {
+  if (n <= grain || tls_worker_stream == nullptr || tls_in_shared_work) {
+    body(0, n);  // run_shared would run it here alone
+    return;
+  }
+  const at::ThreadLocalState worker_state;
+  const std::thread::id worker = std::this_thread::get_id();
+  run_shared(n, grain, [&](int64_t begin, int64_t end) {
+    std::optional<at::ThreadLocalStateGuard> state;
+    if (std::this_thread::get_id() != worker) {
+      state.emplace(worker_state);
+    }
+    body(begin, end);
+  });
 }
 
 bool NpuStream::host_may_help() {

@@ -223,6 +223,10 @@ class NpuStream {
   // An error body raises, on any of those threads, stops the other claims
   // and is rethrown here once no thread is inside the batch.
   static void run_shared(int64_t n, int64_t grain, c10::function_ref<void(int64_t, int64_t)> body);
+  // run_shared for items that call ATen kernels: a helping host runs its
+  // claims under the worker's at::ThreadLocalState (grad mode, dispatch keys,
+  // Python modes), not the waiting user's.
+  static void run_shared_as_worker(int64_t n, int64_t grain, c10::function_ref<void(int64_t, int64_t)> body);
   // Whether a task running now on the calling thread could have its items
   // shared (run_shared) with a host that is waiting for its stream at this
   // moment: the calling thread is a stream worker, outside shared work, and

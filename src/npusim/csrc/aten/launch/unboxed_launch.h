@@ -12,7 +12,6 @@
 #include "../../runtime/stream.h"
 #include "../intraop_threads.h"
 
-#include <ATen/ThreadLocalState.h>
 #include <ATen/core/Tensor.h>
 #include <c10/core/DeviceGuard.h>
 #include <c10/core/Scalar.h>
@@ -23,7 +22,6 @@
 #include <memory>
 #include <optional>
 #include <string>
-#include <thread>
 #include <tuple>
 #include <type_traits>
 #include <utility>
@@ -260,18 +258,11 @@ struct UnboxedTask : TaskTensors {
     return pointwise_parts(tensors);
   }
 
-  // Runs the kernel over each part, on this worker and a waiting host; the
-  // host runs under the worker's thread-local state (below autograd, the
-  // worker's dispatch keys), as a replay's helping host does.
+  // Runs the kernel over each part, on this worker and a waiting host (under
+  // the worker's thread-local state: below autograd, its dispatch keys).
   template <class... A>
   static void run_parts(int64_t parts, c10::DispatchKeySet cpu_keys, const at::Tensor& dst, const A&... a) {
-    const at::ThreadLocalState worker_state;
-    const std::thread::id worker = std::this_thread::get_id();
-    NpuStream::run_shared(parts, 1, [&](int64_t begin, int64_t end) {
-      std::optional<at::ThreadLocalStateGuard> state;
-      if (std::this_thread::get_id() != worker) {
-        state.emplace(worker_state);
-      }
+    NpuStream::run_shared_as_worker(parts, 1, [&](int64_t begin, int64_t end) {
       for (int64_t p = begin; p < end; ++p) {
         auto part = std::make_tuple(pointwise_part(a, p)...);
         std::apply([&](auto&... q) {
