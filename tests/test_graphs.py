@@ -11,6 +11,7 @@ from torch import nn
 
 import npusim
 from npusim.ops import trace_foreach_copy
+from npusim.runtime import acl
 from npusim.testing.ranks import run_ranks
 
 NOT_PERMITTED = "operation not permitted when stream is capturing"
@@ -199,6 +200,27 @@ def test_ops_that_resize_an_empty_result_are_captured() -> None:
         torch.npu.synchronize()
         assert torch.equal(a.cpu(), x.cpu().abs())
         assert torch.equal(b.cpu(), torch.angle(x.cpu()))
+
+
+def test_replays_write_matmul_and_reduction_results_in_place() -> None:
+    """A captured op with an out= form replays into the graph's output as its eager task does, no fresh result
+    copied there (Note [Unboxed fallback kernels]); relu, which has no out= form, still copies its result."""
+    torch.manual_seed(0)
+    a, w, b = torch.randn(8, 16, device="npu"), torch.randn(16, 16, device="npu"), torch.randn(16, device="npu")
+
+    def step(a: torch.Tensor, w: torch.Tensor, b: torch.Tensor) -> tuple[torch.Tensor, ...]:
+        y = torch.addmm(b, a, w.t())
+        z = y.mm(w)
+        return y, z, z.sum(0), y.relu()
+
+    g, outs = _capture(step, a, w, b)
+    a.copy_(torch.randn(8, 16))
+    copied = acl.results_copied_into_place()
+    g.replay()
+    torch.npu.synchronize()
+    assert acl.results_copied_into_place() - copied == 1  # relu's
+    for got, want in zip(outs, step(a.cpu(), w.cpu(), b.cpu()), strict=True):
+        assert torch.equal(got.cpu(), want)
 
 
 @pytest.mark.filterwarnings("ignore:An output with one or more elements was resized")

@@ -243,6 +243,9 @@ iterator_kernel_runs: Callable[[], int] = C.iterator_kernel_runs
 # Tasks that ran a unary foreach op per tensor into the outputs the host allocated (Note [A foreach op's
 # results in place], csrc/aten/launch/op_task.cpp).
 foreach_results_in_place_runs: Callable[[], int] = C.foreach_results_in_place_runs
+# Kernel results a task copied into the output the host allocated, where an out= kernel writes it in place
+# (Note [Unboxed fallback kernels], csrc/aten/fallback_routes.cpp).
+results_copied_into_place: Callable[[], int] = C.results_copied_into_place
 
 
 # ---- observers (npusim.sanitizer; torch.profiler needs none: csrc/runtime/device_profiler.cpp)

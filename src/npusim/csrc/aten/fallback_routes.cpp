@@ -164,12 +164,19 @@ namespace npusim {
 // npusim registers an unboxed kernel instead, UnboxedFallback<Op>, which
 // takes the arguments as the dispatcher has them, makes CPU aliases of the
 // tensors with the same FallbackCall (so the same device rules and results),
-// and calls the CPU kernel unboxed through Op::redispatch. While any graph
-// capture is underway it takes the boxed route, which knows how to record
-// the op. Only ops the rule above routes get one, only functional variants
-// and in-place variants that write and return their first argument. On
-// a.add(b) this saved 2.3k of 16.9k instructions (Note [Cost of the
-// fallback]).
+// and calls the CPU kernel unboxed through Op::redispatch. Only ops the rule
+// above routes get one, only functional variants and in-place variants that
+// write and return their first argument. On a.add(b) this saved 2.3k of
+// 16.9k instructions (Note [Cost of the fallback]). Its task also calls the
+// op's out= variant into the output the host allocated, where the boxed
+// route's task runs the functional kernel and copies its fresh result there
+// (TaskAliases::place). A graph capture records the same unboxed task, so
+// each replay keeps that: the boxed route, which captures used to take,
+// made every replayed matmul allocate its result and copy it, 256 KiB for a
+// 256x256 weight gradient, and the MLP's backward graph of `bench
+// graph-replay` replayed in 217-231 us against 172-180 us now (alternating
+// processes, 2026-12-07). Ops launched while another stream is captured,
+// and those given to the compute-cost hook, take the boxed route.
 
 namespace {
 
@@ -227,7 +234,10 @@ struct UnboxedFallback<Op, OutOp, MetaFn, R(Args...)> {
     LaunchScan scan;
     (scan.add(args), ...);
     if (C10_UNLIKELY(any_stream_capturing() || compute_cost_hook() != nullptr)) {
-      return boxed(keys, args...);  // recorded by a capture, or given to the cost hook
+      if (compute_cost_hook() == nullptr && scan.stream().capture() != nullptr) {
+        return launch(op, keys, args...);  // recorded by the capture: Note [Unboxed fallback kernels]
+      }
+      return boxed(keys, args...);  // given to the cost hook, or beside another stream's capture
     }
     if (compute_on_the_host_now(scan)) {
       if constexpr (IteratorKernel<Op>::value) {
@@ -244,16 +254,7 @@ struct UnboxedFallback<Op, OutOp, MetaFn, R(Args...)> {
       FallbackCall call(op);
       return run(call, std::index_sequence_for<Args...>{}, args...);
     }
-    // A stream task: Note [Compute on the stream].
-    at::Tensor result;
-    if (!launch_unboxed<Op, OutOp, MetaFn, Args...>(op, name(), uses(), &result, args...)) {
-      return boxed(keys, args...);  // a plan the unboxed launch does not take, or a host run
-    }
-    if constexpr (std::is_same_v<R, at::Tensor&>) {
-      return std::get<0>(std::forward_as_tuple(args...));  // an in-place op returns its self
-    } else {
-      return result;
-    }
+    return launch(op, keys, args...);  // a stream task: Note [Compute on the stream]
   }
 
   static const c10::OperatorHandle& handle() {
@@ -263,6 +264,22 @@ struct UnboxedFallback<Op, OutOp, MetaFn, R(Args...)> {
   }
 
  private:
+  // The op as a stream task (or recorded by the stream's capture), its task
+  // calling the CPU kernel unboxed; the boxed route where the unboxed launch
+  // does not take the plan (a host run, a resize, several outputs), which
+  // also raises a capture's refusals.
+  static R launch(const c10::OperatorHandle& op, c10::DispatchKeySet keys, Args... args) {
+    at::Tensor result;
+    if (!launch_unboxed<Op, OutOp, MetaFn, Args...>(op, name(), uses(), &result, args...)) {
+      return boxed(keys, args...);
+    }
+    if constexpr (std::is_same_v<R, at::Tensor&>) {
+      return std::get<0>(std::forward_as_tuple(args...));  // an in-place op returns its self
+    } else {
+      return result;
+    }
+  }
+
   static R boxed(c10::DispatchKeySet keys, Args... args) {
     return c10::impl::BoxedKernelWrapper<R(Args...)>::call(
         c10::BoxedKernel::makeFromFunction<&npu_fallback>(), handle(), keys, args...);

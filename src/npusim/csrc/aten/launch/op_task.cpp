@@ -15,6 +15,11 @@
 
 namespace npusim {
 
+namespace {
+// Results TaskAliases::place copied into the output the host allocated.
+std::atomic<int64_t> g_results_copied_into_place{0};
+}  // namespace
+
 at::Tensor TaskAliases::get(int32_t ref) {
   if (ref == kUndefinedRef) {
     return at::Tensor();
@@ -37,8 +42,13 @@ void TaskAliases::place(const at::Tensor& result, int32_t snapshot, const char* 
   TORCH_CHECK(result.sizes().equals(planned.geometry.sizes), op, ": the CPU kernel's result has shape ",
       result.sizes(), " where the Meta kernel's has shape ", c10::IntArrayRef(planned.geometry.sizes));
   if (!planned.geometry.describes(result, planned.data)) {
+    g_results_copied_into_place.fetch_add(1, std::memory_order_relaxed);
     host_copy(get(snapshot), result);
   }
+}
+
+int64_t results_copied_into_place() {
+  return g_results_copied_into_place.load(std::memory_order_relaxed);
 }
 
 bool TaskTensors::kernel_runs() const {

@@ -150,4 +150,11 @@ class OpTask : public TaskTensors {
 // since the process started (for tests: Note [A foreach op's results in place]).
 int64_t foreach_results_in_place_runs();
 
+// How many kernel results a task has copied into the output the host
+// allocated, since the process started: a functional CPU kernel's fresh
+// result (an op without an out= variant, or one launched boxed), where an
+// out= kernel writes that output itself (for tests: Note [Unboxed fallback
+// kernels]).
+int64_t results_copied_into_place();
+
 }  // namespace npusim
