@@ -148,6 +148,19 @@ def test_make_graphed_callables_training_step_equals_eager() -> None:
         torch.testing.assert_close(pe.cpu(), pg.cpu())
 
 
+def test_graphed_callable_refuses_other_arguments_than_its_samples() -> None:
+    """A graphed callable takes as many tensors as its sample_args; another count is a clear error, and the
+    graph's static input is left as it was."""
+    sample = torch.randn(4, 16, device="npu", requires_grad=True)
+    graphed = torch.npu.make_graphed_callables(_mlp(), (sample,))
+    before = sample.detach().cpu()
+    x = torch.randn(4, 16, device="npu")
+    with pytest.raises(TypeError, match=r"make_graphed_callables takes the 1 tensors of its sample_args, got 2"):
+        graphed(x, x)
+    assert torch.equal(sample.detach().cpu(), before)
+    assert torch.equal(graphed(x).cpu(), _mlp().cpu()(x.cpu()))  # later calls work
+
+
 @pytest.mark.parametrize("call", [
     pytest.param(lambda t: torch.npu.synchronize(), id="synchronize"),
     pytest.param(lambda t: torch.npu.current_stream().synchronize(), id="stream-synchronize"),

@@ -260,11 +260,8 @@ class _Captured:
         class Graphed(torch.autograd.Function):
             @staticmethod
             def forward(ctx: Any, *inputs: torch.Tensor) -> tuple[torch.Tensor, ...]:
-                # Only user arguments can be new tensors; parameters are the captured ones.
-                for static, new in zip(captured.user_inputs, inputs, strict=False):
-                    if static.data_ptr() != new.data_ptr():
-                        static.copy_(new)
-                captured.fwd.replay()
+                # graphed() has copied the inputs and enqueued the replay: this node only ties the
+                # static outputs to the inputs for autograd.
                 return tuple(o.detach() for o in captured.outputs)
 
             @staticmethod
@@ -280,6 +277,17 @@ class _Captured:
             # Tensors only (the common call) are their own leaves: no pytree walk per step.
             flat = user_args if all(type(a) is torch.Tensor for a in user_args) else tuple(
                 pytree.arg_tree_leaves(*user_args))
+            # The replay is enqueued before the autograd node is built, so that the device starts on it
+            # while Function.apply runs (its Python costs 10-20 us a step). Only user arguments can be
+            # new tensors; parameters are the captured ones.
+            if len(flat) != len(captured.user_inputs):
+                raise TypeError(f"a callable of make_graphed_callables takes the {len(captured.user_inputs)} "
+                                f"tensors of its sample_args, got {len(flat)}")
+            with torch.no_grad():
+                for static, new in zip(captured.user_inputs, flat, strict=True):
+                    if static.data_ptr() != new.data_ptr():
+                        static.copy_(new)
+            captured.fwd.replay()
             out = Graphed.apply(*(flat + captured.params))
             return pytree.tree_unflatten(list(out), captured.out_spec)
 
