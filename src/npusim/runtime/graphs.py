@@ -283,10 +283,14 @@ class _Captured:
             if len(flat) != len(captured.user_inputs):
                 raise TypeError(f"a callable of make_graphed_callables takes the {len(captured.user_inputs)} "
                                 f"tensors of its sample_args, got {len(flat)}")
-            with torch.no_grad():
+            grad_enabled = torch.is_grad_enabled()
+            torch._C._set_grad_enabled(False)  # as inside Function.forward; torch.no_grad() costs a us more
+            try:
                 for static, new in zip(captured.user_inputs, flat, strict=True):
                     if static.data_ptr() != new.data_ptr():
                         static.copy_(new)
+            finally:
+                torch._C._set_grad_enabled(grad_enabled)
             captured.fwd.replay()
             out = Graphed.apply(*(flat + captured.params))
             return pytree.tree_unflatten(list(out), captured.out_spec)
