@@ -218,29 +218,35 @@ struct UnboxedTask : TaskTensors {
       std::apply([&](auto&... a) {
         if constexpr (!std::is_void_v<OutOp>) {
           at::Tensor dst = aliases.get(out);
-          const int64_t parts = shares_parts && NpuStream::host_may_help() ? parts_of(&dst, a...) : 1;
-          if (parts > 1) {
-            run_parts(parts, cpu_keys, dst, a...);  // Note [Pointwise work shared with a waiting host]
-          } else {
-            OutOp::redispatch(cpu_keys, a..., dst);
-          }
+          run_kernel(cpu_keys, dst, a...);
           aliases.place(dst, out, name);
         } else if (out >= 0) {
           aliases.place(Op::redispatch(cpu_keys, a...), out, name);
         } else {
-          const int64_t parts = shares_parts && NpuStream::host_may_help() ? parts_of(nullptr, a...) : 1;
-          if (parts > 1) {
-            run_parts(parts, cpu_keys, at::Tensor(), a...);  // an in-place op: its first argument's parts
-          } else {
-            Op::redispatch(cpu_keys, a...);
-          }
+          at::Tensor none;
+          run_kernel(cpu_keys, none, a...);  // an in-place op: it writes its first argument
         }
       }, cpu);
     }, args);
   }
 
  private:
-  // The parts of the kernel's tensors (`dst`, the out= output, may be null).
+  // OutOp into `dst`, or the in-place Op (`dst` undefined), over `a`: in parts
+  // that a waiting host may take when the kernel is an arithmetic one that
+  // splits (Note [Pointwise work shared with a waiting host]), else whole.
+  template <class... A>
+  void run_kernel(c10::DispatchKeySet cpu_keys, at::Tensor& dst, A&... a) const {
+    const int64_t parts = shares_parts && NpuStream::host_may_help() ? parts_of(&dst, a...) : 1;
+    if (parts > 1) {
+      run_parts(parts, cpu_keys, dst, a...);
+    } else if constexpr (!std::is_void_v<OutOp>) {
+      OutOp::redispatch(cpu_keys, a..., dst);
+    } else {
+      Op::redispatch(cpu_keys, a...);
+    }
+  }
+
+  // The parts of the kernel's tensors (`dst`, the out= output, may be undefined).
   template <class... A>
   static int64_t parts_of(const at::Tensor* dst, const A&... a) {
     c10::SmallVector<const at::Tensor*, 6> tensors{dst};
