@@ -9,11 +9,14 @@ import contextlib
 import gc
 import time
 from collections.abc import Callable, Iterator
+from typing import TypeVar
 
 import pytest
 import torch
 
 from npusim.runtime import acl
+
+T = TypeVar("T")
 
 # About 1.5 ms of torch.npu._sleep before the shared tasks: the host is in its wait, still spinning, when
 # they start. Each test queues tens of milliseconds of shared work, so a host that reaches its wait
@@ -67,26 +70,34 @@ def test_a_host_that_does_not_wait_never_helps() -> None:
     assert all(torch.equal(d.cpu(), torch.full((65536,), float(i))) for i, d in enumerate(dst))
 
 
+def _queued(issue: Callable[[], T], wait: bool, alone_s: float) -> tuple[T, int]:
+    """issue()'s tasks queued behind a busy stream (so that they are stream tasks), then a synchronize, at
+    once (``wait``: a host waits while they run) or after ``alone_s`` seconds (the worker finishes alone:
+    the host is in no wait for the stream); its result and the items waiting hosts ran."""
+    torch.npu.synchronize()
+    before = _items_helped()
+    with _no_gc():
+        torch.npu._sleep(HEAD_START_CYCLES)
+        # milliseconds of tasks: a host that slept in its wait is woken in time to help
+        result = issue()
+        if not wait:
+            time.sleep(alone_s)
+        torch.npu.synchronize()
+    return result, _items_helped() - before
+
+
 def _draw(op: str, wait: bool) -> tuple[list[torch.Tensor], int]:
     """CALLS fills of 2**20 elements each from one seeded generator, and the items waiting hosts ran."""
     gen = torch.Generator(device="npu")
     gen.manual_seed(1234)
     tensors = [torch.empty(1 << 20, device="npu") for _ in range(CALLS)]
-    torch.npu.synchronize()
-    before = _items_helped()
-    with _no_gc():
-        torch.npu._sleep(HEAD_START_CYCLES)
+
+    def fill() -> None:
         for t in tensors:
-            if op == "normal_":
-                t.normal_(generator=gen)
-            elif op == "uniform_":
-                t.uniform_(generator=gen)
-            else:
-                t.exponential_(generator=gen)
-        if not wait:
-            time.sleep(2.0)  # the worker finishes alone: the host is in no wait for the stream
-        torch.npu.synchronize()
-    return [t.cpu() for t in tensors], _items_helped() - before
+            getattr(t, op)(generator=gen)
+
+    _, helped = _queued(fill, wait, alone_s=2.0)
+    return [t.cpu() for t in tensors], helped
 
 
 @pytest.mark.asynchronous  # NPUSIM_LAUNCH_BLOCKING=1 makes the host compute the fills itself
@@ -119,18 +130,11 @@ def _pointwise(fns: dict[str, Callable[[torch.Tensor, torch.Tensor], torch.Tenso
                b: torch.Tensor, wait: bool) -> tuple[dict[str, torch.Tensor], int]:
     """Each fn(a, b), CALLS times, queued behind a busy stream (so that they are stream tasks), and the items
     waiting hosts ran."""
-    torch.npu.synchronize()
-    before = _items_helped()
-    with _no_gc():
-        torch.npu._sleep(HEAD_START_CYCLES)
-        # milliseconds of tasks: a host that slept in its wait is woken in time to help
-        out = {name: [fn(a, b) for _ in range(CALLS)] for name, fn in fns.items()}
-        if not wait:
-            time.sleep(0.5)  # the worker finishes alone: the host is in no wait for the stream
-        torch.npu.synchronize()
+    out, helped = _queued(lambda: {name: [fn(a, b) for _ in range(CALLS)] for name, fn in fns.items()}, wait,
+                          alone_s=0.5)
     for name, results in out.items():
         assert all(torch.equal(r, results[0]) for r in results), name
-    return {name: results[0].cpu() for name, results in out.items()}, _items_helped() - before
+    return {name: results[0].cpu() for name, results in out.items()}, helped
 
 
 @pytest.mark.asynchronous  # the kernels must run as stream tasks
