@@ -268,3 +268,51 @@ def test_pixel_shuffle_is_cudas_composite():
     c = torch.randn(1, 4, 2, 2, device="npu", requires_grad=True)
     torch.nn.functional.native_channel_shuffle(c, 2).sum().backward()
     assert torch.equal(c.grad.cpu(), torch.ones(1, 4, 2, 2))
+
+
+@pytest.mark.parametrize("op", [
+    pytest.param(torch.relu, id="relu"),
+    pytest.param(lambda x: F.leaky_relu(x, 0.1), id="leaky_relu"),
+    pytest.param(lambda x: torch.cat([x, x.neg()]), id="cat"),
+    pytest.param(lambda x: x.max(1), id="max.dim"),
+    pytest.param(lambda x: x.topk(3), id="topk"),
+    pytest.param(lambda x: x.cumsum(0), id="cumsum"),
+])
+def test_functional_ops_run_their_out_variant_into_the_outputs(op):  # noqa: ANN001
+    """A structured op's functional task (and relu's) runs the op's out= variant into the outputs the host
+    allocated, so no result is copied into place, and the values are CPU's (Note [A functional op's results in
+    place])."""
+    x_cpu = torch.randn(256, 128)  # 32768 elements: above the host-run size, so a stream task
+    x = x_cpu.to("npu")
+    torch.npu.synchronize()
+    copied = npusim.runtime.acl.results_copied_into_place()
+    got = op(x)
+    torch.npu.synchronize()
+    assert npusim.runtime.acl.results_copied_into_place() - copied == 0
+    want = op(x_cpu)
+    for g, w in zip(got if isinstance(got, tuple) else (got,), want if isinstance(want, tuple) else (want,),
+                    strict=True):
+        assert torch.equal(g.cpu(), w)
+
+
+def test_out_variants_that_resize_their_output_keep_the_functional_kernel(capfd):  # noqa: ANN001
+    """mse_loss.out resizes the output it is given (and warns that this is deprecated): its task keeps the
+    functional kernel and copies the result, with no warning and CPU's value."""
+    a, b = torch.randn(256, 128), torch.randn(256, 128)
+    torch.npu.synchronize()
+    copied = npusim.runtime.acl.results_copied_into_place()
+    got = F.mse_loss(a.to("npu"), b.to("npu"))
+    torch.npu.synchronize()
+    assert npusim.runtime.acl.results_copied_into_place() - copied == 1
+    assert torch.equal(got.cpu(), F.mse_loss(a, b))
+    assert "was resized" not in capfd.readouterr().err
+
+
+def test_relu_of_bools_keeps_relus_error(device_failure):  # noqa: ANN001
+    """relu's task runs clamp_min.out(self, 0), except for a Bool input, which keeps relu's own kernel and so its
+    error (clamp_min of Bools would give ones)."""
+    x = torch.zeros(1 << 15, dtype=torch.bool, device="npu")
+    torch.npu.synchronize()
+    torch.relu(x)
+    with pytest.raises(RuntimeError, match="aten::relu failed: Boolean inputs not supported for relu"):
+        torch.npu.synchronize()

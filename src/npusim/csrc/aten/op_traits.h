@@ -11,6 +11,19 @@
 
 namespace npusim {
 
+// The out= variant whose kernel a functional op's own CPU kernel runs into a
+// fresh result: its task runs it into the outputs the host allocated
+// instead (Note [A functional op's results in place], op_traits.cpp).
+struct FunctionalOut {
+  c10::OperatorHandle op;
+  // An argument the out= variant takes after the op's own and before its
+  // outputs (relu runs clamp_min.out with min 0); None when there is none.
+  c10::IValue extra;
+  // The op's own kernel refuses a Bool input before it runs `op` (relu): a
+  // Bool input keeps the op's own kernel, and so its error.
+  bool not_for_bool = false;
+};
+
 struct OpTraits {
   // "aten::add.Tensor": the task's name in errors and profiler traces,
   // interned (it lives as long as the process, as NpuStream::enqueue needs).
@@ -38,6 +51,9 @@ struct OpTraits {
   // (Note [A foreach op's results in place]); null otherwise. Lives as long
   // as the traits.
   const c10::OperatorHandle* foreach_unary_out = nullptr;
+  // A functional op computed by an out= variant's kernel (FunctionalOut);
+  // null otherwise. Lives as long as the traits.
+  const FunctionalOut* functional_out = nullptr;
   // Per schema argument: how the op uses it, and whether it is a Generator?.
   c10::SmallVector<ArgUse, 8> uses;
   c10::SmallVector<bool, 8> generator;

@@ -141,6 +141,9 @@ void BoxedLaunch::commit(const MetaPlan& plan, NpuStream& stream, torch::jit::St
   if (traits_.foreach_unary_out != nullptr && results_in_place(*task)) {
     task->per_tensor_out = traits_.foreach_unary_out;  // Note [A foreach op's results in place]
   }
+  if (traits_.functional_out != nullptr && generator_slots_ == 0 && returns_fresh(*task, *traits_.functional_out)) {
+    task->functional_out = traits_.functional_out;  // Note [A functional op's results in place]
+  }
   // A pure view (nothing written, every output an argument's storage)
   // needs no task; an op without outputs runs for its effect (an assert).
   if (args_.written() || !task->fresh.empty() || plan.outputs.empty()) {
@@ -172,6 +175,29 @@ bool BoxedLaunch::results_in_place(const OpTask& task) {
             task.tensors[static_cast<size_t>(f.snapshot)].geometry.dtype) {
       return false;
     }
+  }
+  return true;
+}
+
+// Whether every return of a functional op's task is a fresh output, one
+// tensor each and in order, and its input one that `out` takes.
+bool BoxedLaunch::returns_fresh(const OpTask& task, const FunctionalOut& out) {
+  const size_t returns = task.op.schema().returns().size();
+  if (task.fresh.size() != returns) {
+    return false;
+  }
+  for (size_t i = 0; i < returns; ++i) {
+    const FreshOutput& f = task.fresh[i];
+    const TensorGeometry& planned = task.tensors[static_cast<size_t>(f.snapshot)].geometry;
+    // A result with a lazy conjugate (linalg_lu_solve's adjoint) is the functional kernel's own view.
+    if (f.ret != i || f.elem != -1 || planned.conj || planned.neg) {
+      return false;
+    }
+  }
+  if (out.not_for_bool) {
+    const ArgSlot& self = task.args[0];
+    return self.kind == ArgSlot::Kind::kTensor && self.refs[0] >= 0 &&
+        task.tensors[static_cast<size_t>(self.refs[0])].geometry.dtype != at::kBool;
   }
   return true;
 }

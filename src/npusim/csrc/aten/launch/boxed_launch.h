@@ -40,6 +40,9 @@ class BoxedLaunch {
   // Whether the outputs of a unary foreach op's task are its fresh
   // results, one per input and in order, each of its input's dtype.
   static bool results_in_place(const OpTask& task);
+  // Whether every return of a functional op's task is a fresh output, one
+  // tensor each and in order, and its input one that `out` takes.
+  static bool returns_fresh(const OpTask& task, const FunctionalOut& out);
   void add_argument(const c10::IValue& v, ArgUse use, bool generator);
   static void add_double(MetaKey& key, double d);
   // The words of a value argument; floating-point numbers by their kind

@@ -3,6 +3,7 @@
 
 #include "../host_transfer.h"
 #include "../intraop_threads.h"
+#include "../op_traits.h"
 #include "../../runtime/plan_mode.h"
 
 #include <ATen/core/List.h>
@@ -36,6 +37,10 @@ at::Tensor TaskAliases::get(int32_t ref) {
   return alias;
 }
 
+at::Tensor TaskAliases::own(int32_t snapshot) {
+  return take_cpu_alias(tensors_.tensors[static_cast<size_t>(snapshot)].source(), nullptr);
+}
+
 void TaskAliases::place(const at::Tensor& result, int32_t snapshot, const char* op) {
   TORCH_CHECK(result.defined(), op, ": the CPU kernel returned no tensor where the Meta kernel returned one");
   const TensorSnapshot& planned = tensors_.tensors[static_cast<size_t>(snapshot)];
@@ -43,7 +48,12 @@ void TaskAliases::place(const at::Tensor& result, int32_t snapshot, const char* 
       result.sizes(), " where the Meta kernel's has shape ", c10::IntArrayRef(planned.geometry.sizes));
   if (!planned.geometry.describes(result, planned.data)) {
     g_results_copied_into_place.fetch_add(1, std::memory_order_relaxed);
-    host_copy(get(snapshot), result);
+    // An out= kernel that restrided the output it was given left its result
+    // in the output's own bytes: copied out of them first.
+    const char* base = static_cast<const char*>(planned.data);
+    const char* at = static_cast<const char*>(result.storage().data());
+    const bool over_output = at >= base && at < base + planned.nbytes;
+    host_copy(get(snapshot), over_output ? result.clone() : result);
   }
 }
 
@@ -132,7 +142,19 @@ void OpTask::run() const {
   for (const auto& [i, state] : generators) {
     stack[i] = c10::IValue(cpu_generator_from(state.unpack()));
   }
-  op.redispatchBoxed(c10::DispatchKeySet(c10::DispatchKey::CPU), &stack);
+  if (functional_out != nullptr) {  // Note [A functional op's results in place]
+    if (!functional_out->extra.isNone()) {
+      stack.push_back(functional_out->extra);
+    }
+    for (const FreshOutput& f : fresh) {
+      stack.emplace_back(aliases.own(f.snapshot));  // an out= kernel that resizes its output leaves ours be
+    }
+    functional_out->op.redispatchBoxed(c10::DispatchKeySet(c10::DispatchKey::CPU), &stack);
+  } else {
+    op.redispatchBoxed(c10::DispatchKeySet(c10::DispatchKey::CPU), &stack);
+  }
+  // The returns, in order: the outputs given to an out= variant come back as
+  // they went, and place copies nothing for them.
   for (const FreshOutput& f : fresh) {
     const c10::IValue& r = stack[f.ret];
     aliases.place(f.elem < 0 ? r.toTensor() : r.toTensorList().get(static_cast<size_t>(f.elem)), f.snapshot, name);

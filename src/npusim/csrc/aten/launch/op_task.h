@@ -22,6 +22,8 @@
 
 namespace npusim {
 
+struct FunctionalOut;  // op_traits.h
+
 // A tensor the kernel gets: >= 0 a snapshot (an npu tensor), kUndefinedRef,
 // or held_ref(i) (a CPU tensor held by the task).
 constexpr int32_t kUndefinedRef = -1;
@@ -52,6 +54,10 @@ class TaskAliases {
   explicit TaskAliases(const TaskTensors& tensors)
       : tensors_(tensors), storages_(static_cast<size_t>(tensors.groups)) {}
   at::Tensor get(int32_t ref);
+  // An alias of snapshot `snapshot` over a storage of its own: a kernel
+  // that resizes it re-points that storage alone, and no other alias of the
+  // task follows it away from the device memory.
+  at::Tensor own(int32_t snapshot);
   // Puts a kernel's `result` into the output of snapshot `snapshot` unless
   // the kernel wrote it there already.
   void place(const at::Tensor& result, int32_t snapshot, const char* op);
@@ -124,9 +130,8 @@ struct FreshOutput {
 class OpTask : public TaskTensors {
  public:
   // The op the task calls; its results are copied into the outputs the
-  // host allocated (an out= variant would spare the copy, but not every
-  // out= kernel computes what its functional op does: mse_loss.out resizes a
-  // reduced output). The unboxed hot ops do call their out= variants.
+  // host allocated, unless functional_out says which out= variant writes
+  // them there. The unboxed hot ops call their out= variants.
   c10::OperatorHandle op;
   const char* name = nullptr;
   std::vector<ArgSlot> args;
@@ -139,6 +144,9 @@ class OpTask : public TaskTensors {
   // per tensor into those outputs instead of the op (Note [A foreach op's
   // results in place]).
   const c10::OperatorHandle* per_tensor_out = nullptr;
+  // The out= variant the task runs into its fresh outputs instead of the
+  // op, when each return is one (Note [A functional op's results in place]).
+  const FunctionalOut* functional_out = nullptr;
 
   explicit OpTask(const c10::OperatorHandle& handle) : op(handle) {}
 
