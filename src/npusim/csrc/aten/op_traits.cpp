@@ -133,7 +133,7 @@ std::optional<c10::OperatorHandle> find_foreach_unary_out(const c10::FunctionSch
 //    schema: the op's own arguments, then one Tensor(a!) per return (max.dim
 //    has max.dim_max, topk has topk.values, elu_backward has
 //    elu_backward.grad_input).
-//  - relu, whose CPU kernel (Activation.cpp) refuses a Bool input and then
+//  - relu, whose CPU kernel (in PyTorch's activations) refuses a Bool input, then
 //    returns clamp_min(self, 0), structured: its task runs clamp_min.out with
 //    min 0, except for a Bool input.
 // An impl may still treat the output it is given otherwise than a fresh
