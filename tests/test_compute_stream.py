@@ -57,6 +57,25 @@ def test_matmul_returns_before_it_completes():
     torch.testing.assert_close(y.cpu(), x.cpu() @ w.cpu())
 
 
+def test_small_ops_can_be_made_stream_tasks():
+    """NPUSIM_SMALL_OPS_ON_THE_HOST=0 (set_small_ops_on_the_host(False)) makes a 4-element add on an idle stream a
+    task, as a large one is; by default the host does it in place."""
+    x = torch.ones(4, device="npu")
+    torch.npu.synchronize()
+    counts = []
+    for on in (True, False):
+        acl.set_small_ops_on_the_host(on)
+        try:
+            before = _tasks()
+            y = x + 1
+            torch.npu.synchronize()
+            counts.append(_tasks() - before)
+        finally:
+            acl.set_small_ops_on_the_host(True)
+        assert y.tolist() == [2.0] * 4
+    assert counts == [0, 1]
+
+
 def test_small_work_on_an_idle_stream_is_done_by_the_host_except_under_the_profiler():
     """Note [Work on an idle stream]: a small op on an idle stream is no task, a large one or one under
     torch.profiler is, named after the op."""

@@ -67,6 +67,7 @@ def apply_settings() -> None:
     physical = config.device_count(acl.DEFAULT_DEVICE_COUNT, acl.MAX_DEVICES)
     acl.set_device_count(len(config.visible_devices(physical)))
     acl.set_launch_blocking(config.launch_blocking())
+    acl.set_small_ops_on_the_host(config.small_ops_on_the_host())
     acl.set_plan_mode(config.plan_mode())
     if config.plan_mode() and os.environ.get("RANK", "0") == "0":  # said once per job, not per rank
         print(f"npusim: NPUSIM_COMPUTE=plan: {PLAN_MODE_NOTICE}", file=sys.stderr, flush=True)

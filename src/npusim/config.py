@@ -53,6 +53,8 @@ VARIABLES: dict[str, Variable] = {v.name: v for v in (
     Variable("NPUSIM_PLANNED_WORLD", "0",
              "1: this process is the one rank of its world that runs (npusim plan); hccl groups move no data"),
     Variable("NPUSIM_LAUNCH_BLOCKING", "0", "1: every device task completes before its launch returns"),
+    Variable("NPUSIM_SMALL_OPS_ON_THE_HOST", "1",
+             "0: every compute op is a stream task, small ones on an idle stream too (checks the task path)"),
     Variable("NPUSIM_MAX_PENDING_LAUNCHES", "1024",
              "launches a stream may have pending before the next one waits (like CUDA's launch queue)"),
     Variable("NPUSIM_SANITIZER", "0", "1: report stream races (npusim.sanitizer), like TORCH_CUDA_SANITIZER"),
@@ -391,6 +393,11 @@ def visible_devices(physical: int) -> list[int]:
 def launch_blocking() -> bool:
     """``NPUSIM_LAUNCH_BLOCKING``."""
     return parse_bool(env("NPUSIM_LAUNCH_BLOCKING"), "NPUSIM_LAUNCH_BLOCKING")
+
+
+def small_ops_on_the_host() -> bool:
+    """``NPUSIM_SMALL_OPS_ON_THE_HOST``."""
+    return parse_bool(env("NPUSIM_SMALL_OPS_ON_THE_HOST"), "NPUSIM_SMALL_OPS_ON_THE_HOST")
 
 
 def plan_mode() -> bool:

@@ -104,9 +104,11 @@ WORKER_ARGV = (sys.executable, "-m", "npusim.conformance.worker")
 class _Zygote:
     """The process that forks the workers (see npusim.conformance.worker)."""
 
-    def __init__(self, argv: tuple[str, ...]) -> None:
+    def __init__(self, argv: tuple[str, ...], stream_tasks: bool) -> None:
         self.sock, child = socket.socketpair()
         env = dict(os.environ, OMP_NUM_THREADS="1")
+        if stream_tasks:  # every op a stream task, small samples too (Note [Work on an idle stream])
+            env["NPUSIM_SMALL_OPS_ON_THE_HOST"] = "0"
         self.proc = subprocess.Popen([*argv, "--socket", str(child.fileno())], pass_fds=(child.fileno(),),
                                      stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL,
                                      stderr=subprocess.DEVNULL, env=env)
@@ -156,17 +158,19 @@ def _stop_worker(selector: selectors.BaseSelector, worker: _Worker) -> None:
 
 def run_sweep(tasks: list[Task], *, jobs: int = 2, sample_timeout_s: float = 120.0,
               progress: Callable[[Task, list[SampleResult], int, int], None] | None = None,
-              worker_argv: tuple[str, ...] = WORKER_ARGV) -> list[SampleResult]:
+              worker_argv: tuple[str, ...] = WORKER_ARGV, stream_tasks: bool = False) -> list[SampleResult]:
     """Runs ``tasks`` on ``jobs`` workers; returns every sample phase's result (crashes included).
 
     ``progress(task, results, done, total)`` is called as each task finishes;
-    ``worker_argv`` starts the zygote (``--socket FD`` is appended).
+    ``worker_argv`` starts the zygote (``--socket FD`` is appended); ``stream_tasks``
+    makes every op a stream task in the workers, as a large one is (small samples
+    otherwise run on the host while the stream is idle).
     """
     pending = deque(tasks)
     total, done = len(tasks), 0
     out: list[SampleResult] = []
     selector = selectors.DefaultSelector()
-    zygote = _Zygote(worker_argv)
+    zygote = _Zygote(worker_argv, stream_tasks)
     workers = [zygote.fork(selector) for _ in range(max(1, min(jobs, len(tasks))))]
 
     def give(worker: _Worker) -> None:

@@ -31,6 +31,8 @@ register_device: Callable[[], None] = C.register_device
 # Routes once (later calls return the first result): {"aten::add.Tensor": "unboxed", "boxed" or "foreach", ...}.
 route_structured_ops_to_fallback: Callable[[list[str]], dict[str, str]] = C.route_structured_ops_to_fallback
 set_launch_blocking: Callable[[bool], None] = C.set_launch_blocking
+# NPUSIM_SMALL_OPS_ON_THE_HOST: False makes every compute op a stream task (Note [Work on an idle stream]).
+set_small_ops_on_the_host: Callable[[bool], None] = C.set_small_ops_on_the_host
 # The launch queue's bound per stream (Note [Bounded launch queue]).
 set_max_pending_launches: Callable[[int], None] = C.set_max_pending_launches
 max_pending_launches: Callable[[], int] = C.max_pending_launches

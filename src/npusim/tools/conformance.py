@@ -31,6 +31,9 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--no-backward", action="store_true", help="compare forward results only")
     parser.add_argument("--json", default="conformance-ops.json", help="where the results go (default: %(default)s)")
     parser.add_argument("--quiet", action="store_true", help="no progress lines")
+    parser.add_argument("--stream-tasks", action="store_true",
+                        help="every op a stream task, as a large one is (small samples otherwise run on the host "
+                             "while the stream is idle): checks the outputs planned at launch and the task's kernel")
 
 
 def _progress(task: Task, results: list[SampleResult], done: int, total: int) -> None:
@@ -47,7 +50,8 @@ def run(args: argparse.Namespace) -> int:
         print(f"conformance: no OpInfo op matches {args.ops!r}", file=sys.stderr)
         return 2
     started = time.monotonic()
-    results = run_sweep(tasks, jobs=args.jobs, progress=None if args.quiet else _progress)
+    results = run_sweep(tasks, jobs=args.jobs, progress=None if args.quiet else _progress,
+                        stream_tasks=args.stream_tasks)
     elapsed = time.monotonic() - started
     summary = judge(results, no_dtype)
     print()

@@ -65,18 +65,39 @@ bool cpu_kernel_is_python(const c10::OperatorHandle& op) {
 // type BFloat16 but found Float"). The statistics are the op's own
 // intermediates, only its backward reads them, so they take CPU's dtype:
 // what the host run gives, and what the backward's CPU kernel accepts.
-// `weight` is the schema index of the weight argument.
+// `weight` is the schema index of the weight argument. CPU's batch norm
+// kernels out of training save no statistics at all (empty tensors) where
+// the Meta kernels size them by channel, so those outputs are planned
+// empty: always for the eval-only ops, else when the `training` flag is
+// false (`eval_only` below; `npusim conformance ops --stream-tasks` found
+// _native_batch_norm_legit in eval failing its task, and the bf16 and fp16
+// statistics of _batch_norm_with_update in float32).
 struct NormStats {
   const char* name;
   int weight;
+  bool eval_only;
 };
 constexpr NormStats kCpuNormStats[] = {
-    {"aten::native_layer_norm", 2},
-    {"aten::native_batch_norm", 1},
-    {"aten::_native_batch_norm_legit", 1},
-    {"aten::_native_batch_norm_legit_no_training", 1},
-    {"aten::_native_batch_norm_legit_functional", 1},
+    {"aten::native_layer_norm", 2, false},
+    {"aten::native_batch_norm", 1, false},
+    {"aten::_native_batch_norm_legit", 1, false},
+    {"aten::_native_batch_norm_legit_no_training", 1, true},
+    {"aten::_native_batch_norm_legit_functional", 1, false},
+    {"aten::_batch_norm_with_update", 1, false},
+    {"aten::_batch_norm_no_update", 1, true},
 };
+
+// Ops whose CPU kernel sizes some outputs otherwise than their Meta kernel,
+// from what only the kernel sees: CPU's _embedding_bag returns an empty
+// offset2bag on its fast sum path and sizes max_indices by bag, where the
+// Meta kernel gives CUDA's shapes (it cannot tell a CPU kernel will run).
+// A stream task's outputs are allocated at launch from the Meta kernel's
+// answer, so such an op runs on the host after the stream's earlier work,
+// where the outputs are the CPU kernel's own; nn.EmbeddingBag over 20000
+// indices failed its task ("the CPU kernel's result has shape [0] where the
+// Meta kernel's has shape [20000]") before.
+constexpr std::string_view kCpuSizesOutputsOtherwise[] = {
+    "aten::_embedding_bag", "aten::_embedding_bag_forward_only"};
 
 // "aten::X" for a foreach op "aten::_foreach_X" (the op its CPU composite
 // runs per tensor, up to the overload); nullopt for any other op.
@@ -137,9 +158,9 @@ std::optional<c10::OperatorHandle> find_foreach_unary_out(const c10::FunctionSch
 //    returns clamp_min(self, 0), structured: its task runs clamp_min.out with
 //    min 0, except for a Bool input.
 // An impl may still treat the output it is given otherwise than a fresh
-// one. A sweep of PyTorch's OpInfo ops with every op made a stream task (a
-// scratch build; all dtypes, 3 samples each, forward and backward) found
-// three: mse_loss and smooth_l1_loss resize a reduced output to the input's
+// one. A sweep of PyTorch's OpInfo ops with every op made a stream task
+// (`python -m npusim conformance ops --stream-tasks --samples 3`: all
+// dtypes, forward and backward) found three: mse_loss and smooth_l1_loss resize a reduced output to the input's
 // shape (and warn that resizing an output is deprecated), and
 // linalg_lu_solve with adjoint returns a lazily conjugated result. The first
 // two keep the functional kernel (kOutResizesItsOutput); a result with a
@@ -248,6 +269,12 @@ std::unique_ptr<OpTraits> make_traits(const c10::OperatorHandle& op) {
   for (const NormStats& norm : kCpuNormStats) {
     if (name.name == norm.name) {
       traits->stats_dtype_from = norm.weight;
+      traits->stats_saved_unless = norm.eval_only ? OpTraits::kStatsNever : OpTraits::kStatsAlways;
+      for (size_t i = 0; i < schema.arguments().size() && !norm.eval_only; ++i) {
+        if (schema.arguments()[i].name() == "training") {
+          traits->stats_saved_unless = static_cast<int>(i);
+        }
+      }
     }
   }
   traits->pointwise = is_pointwise(op);
@@ -260,6 +287,9 @@ std::unique_ptr<OpTraits> make_traits(const c10::OperatorHandle& op) {
     traits->host_only = "returns a host value computed from device data";
   } else if (cpu_kernel_is_python(op)) {
     traits->host_only = "its CPU kernel is a Python function";
+  } else if (std::find(std::begin(kCpuSizesOutputsOtherwise), std::end(kCpuSizesOutputsOtherwise), name.name) !=
+      std::end(kCpuSizesOutputsOtherwise)) {
+    traits->host_only = "its CPU kernel sizes its outputs otherwise than its Meta kernel";
   }
   return traits;
 }

@@ -36,6 +36,13 @@ struct OpTraits {
   // the schema index of the argument whose dtype the statistics returns
   // take (the weight; the input when it is undefined), or -1.
   int stats_dtype_from = -1;
+  // For those ops: whether CPU's kernel saves no statistics (empty tensors,
+  // where the Meta kernel sizes them by channel): kStatsAlways never,
+  // kStatsNever always (an eval-only batch norm), else the schema index of
+  // the `training` flag, saving none when it is false.
+  static constexpr int kStatsAlways = -1;
+  static constexpr int kStatsNever = -2;
+  int stats_saved_unless = kStatsAlways;
   // Each output element is computed from the inputs' elements alone (the
   // op, or a foreach op's per-tensor op, carries PyTorch's pointwise tag):
   // its result does not depend on the intra-op team (Note [A core for the

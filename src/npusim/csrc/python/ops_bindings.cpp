@@ -170,6 +170,7 @@ void init_ops_bindings(py::module& m) {
   m.def("iterator_kernel_runs", &npusim::iterator_kernel_runs);
   m.def("foreach_results_in_place_runs", &npusim::foreach_results_in_place_runs);
   m.def("results_copied_into_place", &npusim::results_copied_into_place);
+  m.def("set_small_ops_on_the_host", &npusim::set_small_ops_on_the_host);
   m.def("foreach_copy_route_counts", [] {
     const std::vector<int64_t> counts = npusim::foreach_copy_route_counts();
     py::dict d;

@@ -380,6 +380,9 @@ inline void wait_current_stream_idle(c10::DeviceIndex device) {
 // NPUSIM_LAUNCH_BLOCKING=1 keeps every stream idle at each launch, so compute
 // then runs on the host whatever its size. Under the chip clock every piece of
 // work is a task: its worker places it in chip time (Note [Chip clock]).
+// NPUSIM_SMALL_OPS_ON_THE_HOST=0 makes every compute op a task, so that a
+// sweep of small samples (`npusim conformance ops --stream-tasks`) checks
+// the task path that large ops take.
 inline bool tasks_must_show(const NpuStream& stream) {
   return stream.capture() != nullptr || recording_device_activities() || chip_clock_on();
 }

@@ -335,10 +335,13 @@ void BoxedLaunch::run_meta(bool keep_inputs) {
     const c10::IValue& weight = stack[static_cast<size_t>(traits_.stats_dtype_from)];
     stats_dtype = (weight.isTensor() && weight.toTensor().defined() ? weight : stack[0]).toTensor().scalar_type();
   }
-  // native_batch_norm in eval mode: CPU's kernel saves no statistics (empty
+  // A batch norm out of training: CPU's kernel saves no statistics (empty
   // tensors) where its Meta kernel sizes them by channel.
-  const bool empty_stats = traits_.stats_dtype_from >= 0 && std::strcmp(traits_.name, "aten::native_batch_norm") == 0 &&
-      stack.size() > 5 && stack[5].isBool() && !stack[5].toBool();
+  const int training = traits_.stats_saved_unless;
+  const bool empty_stats = traits_.stats_dtype_from >= 0 &&
+      (training == OpTraits::kStatsNever ||
+          (training >= 0 && stack[static_cast<size_t>(training)].isBool() &&
+              !stack[static_cast<size_t>(training)].toBool()));
   op_.redispatchBoxed(c10::DispatchKeySet(c10::DispatchKey::Meta), &stack);
   if (stats_dtype != at::ScalarType::Undefined) {
     for (size_t i = 1; i < std::min<size_t>(stack.size(), 3); ++i) {  // save_mean, save_rstd

@@ -98,6 +98,12 @@ ComputeCostHook compute_cost_hook() {
 // Note [Work on an idle stream] has the rule; kHostComputeMaxElements is its threshold for compute.
 constexpr int64_t kHostComputeMaxElements = 1 << 14;
 
+// NPUSIM_SMALL_OPS_ON_THE_HOST=0 turns the rule off for compute: every op is
+// a stream task, as a large one is, so that a sweep of small samples (the
+// OpInfo conformance sweep's --stream-tasks) checks the task path: the
+// outputs planned at launch from the Meta kernel, the task's CPU kernel.
+std::atomic<bool> g_small_ops_on_the_host{true};
+
 // Note [No compute on the host in a backward pass]
 // Autograd runs an npu backward on its device thread, which, like CUDA's,
 // only launches: the user's thread sleeps until the pass is done and the
@@ -124,8 +130,13 @@ bool compute_on_the_host_now(const NpuStream& stream, int64_t numel) {
   if (!device_computes()) {
     return false;  // a task that computes nothing (Note [Plan mode])
   }
-  return done_on_the_host_now(stream) && compute_cost_hook() == nullptr &&
+  return g_small_ops_on_the_host.load(std::memory_order_relaxed) && done_on_the_host_now(stream) &&
+      compute_cost_hook() == nullptr &&
       (launch_blocking() || numel <= kHostComputeMaxElements);
+}
+
+void set_small_ops_on_the_host(bool on) {
+  g_small_ops_on_the_host.store(on, std::memory_order_relaxed);
 }
 
 bool compute_on_the_host_now(const LaunchScan& scan) {

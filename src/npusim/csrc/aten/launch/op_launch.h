@@ -62,5 +62,7 @@ bool compute_on_the_host_now(const NpuStream& stream, int64_t numel);
 // The same for an op whose arguments `scan` has seen, on its npu's current
 // stream: the one host-or-stream decision of the boxed and unboxed launches.
 bool compute_on_the_host_now(const LaunchScan& scan);
+// NPUSIM_SMALL_OPS_ON_THE_HOST: false makes every compute op a stream task.
+void set_small_ops_on_the_host(bool on);
 
 }  // namespace npusim
