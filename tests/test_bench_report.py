@@ -7,6 +7,7 @@ import statistics
 import sys
 
 import pytest
+import torch
 
 from npusim.bench import report
 from npusim.tools import cli
@@ -175,3 +176,25 @@ def test_sim_cost_steps_of_process_returns_the_timed_steps():
     out = subprocess.run([sys.executable, "-m", "npusim.bench.sim_cost", "--steps-of", "mlp", "npu", "1", "2", "x"],
                          capture_output=True, text=True, timeout=120)
     assert out.returncode != 0 and "THREADS, UNTIMED and TIMED are whole numbers, got ['1', '2', 'x']" in out.stderr
+
+
+def test_bench_eager_ops_out_has_png_and_json_and_its_routes_hold(tmp_path, capsys):
+    """bench eager-ops with tiny settings writes a row per op, its PNG and JSON; each row's route column says
+    truly whether the task copied a fresh result into its output."""
+    from npusim.bench import eager_ops
+    from npusim.runtime import acl
+
+    rc = cli.main(["bench", "eager-ops", "--rows", "32", "--min-run-time", "0.01", "--out", str(tmp_path)])
+    assert rc == 0
+    assert "npu task writes its result by" in capsys.readouterr().out
+    assert (tmp_path / "eager_ops.png").read_bytes()[:8] == PNG_MAGIC
+    rows = json.loads((tmp_path / "eager_ops.json").read_text())["rows"]
+    assert [r["op"] for r in rows] == [c.name for c in eager_ops.CASES]
+    assert all(r["npu_us"] > 0 and r["cpu_us"] > 0 for r in rows)
+    x = torch.randn(32, 1024, device="npu")  # 32768 elements: a stream task
+    for case in eager_ops.CASES:
+        torch.npu.synchronize()
+        copied = acl.results_copied_into_place()
+        case.op(x)
+        torch.npu.synchronize()
+        assert (acl.results_copied_into_place() > copied) == case.route.startswith(eager_ops.COPIED), case.name

@@ -18,6 +18,7 @@ BENCHMARKS: dict[str, str] = {
     "compile": "npusim.bench.compile",  # torch.compile: first/cached compile, compiled vs eager, npu vs CPU
     "graph-replay": "npusim.bench.graph_replay",  # npu graph replay host time vs eager
     "rng": "npusim.bench.rng",  # host cost per random op, npu Philox generator vs CPU generator
+    "eager-ops": "npusim.bench.eager_ops",  # one large eager op on npu, launch to completion, vs CPU
     "sanitizer": "npusim.bench.sanitizer",  # FSDP2 step time with the stream race sanitizer off / on
     "allocator": "npusim.bench.allocator",  # what the caching allocator holds for varying sizes; its host cost
     "plan": "npusim.bench.plan_scale",  # npusim plan of 8B over 64 ranks and 70B over 512: wall time, host RSS
