@@ -42,8 +42,9 @@ CASES = [
     Case("cat", OUT_VARIANT, lambda x: torch.cat([x, x])),
     Case("max.dim", OUT_VARIANT, lambda x: x.max(1)),
     Case("softmax", "unboxed out= kernel", lambda x: x.softmax(-1)),
-    Case("hardtanh", COPIED, F.hardtanh),
-    Case("where", COPIED, lambda x: torch.where(x > 0, x, 0.0)),
+    Case("hardtanh", OUT_VARIANT, F.hardtanh),
+    Case("where", OUT_VARIANT, lambda x: torch.where(x > 0, x, 0.0)),
+    Case("hardtanh_backward", COPIED, lambda x: torch.ops.aten.hardtanh_backward(x, x, -1.0, 1.0)),
     Case("layer_norm", COPIED + " (3 results)", lambda x: F.layer_norm(x, (x.shape[-1],))),
 ]
 

@@ -157,6 +157,8 @@ std::optional<c10::OperatorHandle> find_foreach_unary_out(const c10::FunctionSch
 //  - relu, whose CPU kernel (in PyTorch's activations) refuses a Bool input, then
 //    returns clamp_min(self, 0), structured: its task runs clamp_min.out with
 //    min 0, except for a Bool input.
+//  - hardtanh and where.self, whose CPU kernels allocate the result and run
+//    the op's own out= kernel on it (kCpuKernelRunsItsOut).
 // An impl may still treat the output it is given otherwise than a fresh
 // one. A sweep of PyTorch's OpInfo ops with every op made a stream task
 // (`python -m npusim conformance ops --stream-tasks --samples 3`: all
@@ -172,6 +174,12 @@ std::optional<c10::OperatorHandle> find_foreach_unary_out(const c10::FunctionSch
 // functional kernel. With those rules 209 ops took their out= variant in
 // the sweep, and each of its 24602 comparisons with CPU came out as it did
 // with every result copied (the same passes, failures and errors).
+
+// Unstructured ops whose functional CPU kernel allocates its result and runs
+// the op's out= kernel on it (torch 2.13, under torch.profiler: hardtanh
+// calls empty_like and hardtanh.out; where.self allocates and runs
+// where_self_out).
+constexpr std::string_view kCpuKernelRunsItsOut[] = {"aten::hardtanh", "aten::where.self"};
 
 constexpr std::string_view kOutResizesItsOutput[] = {
     "aten::mse_loss", "aten::smooth_l1_loss"};
@@ -245,8 +253,11 @@ const FunctionalOut* find_functional_out(const c10::OperatorHandle& op) {
     }
     return new FunctionalOut{*clamp_min_out, c10::IValue(c10::Scalar(0)), /*not_for_bool=*/true};
   }
-  if (!op.hasKernelForDispatchKey(c10::DispatchKey::CompositeExplicitAutogradNonFunctional) ||
-      !op.hasKernelForDispatchKey(c10::DispatchKey::CPU) ||
+  const std::string full = name.overload_name.empty() ? name.name : name.name + "." + name.overload_name;
+  const bool structured = op.hasKernelForDispatchKey(c10::DispatchKey::CompositeExplicitAutogradNonFunctional);
+  const bool runs_its_out = std::find(std::begin(kCpuKernelRunsItsOut), std::end(kCpuKernelRunsItsOut), full) !=
+      std::end(kCpuKernelRunsItsOut);
+  if (!(structured || runs_its_out) || !op.hasKernelForDispatchKey(c10::DispatchKey::CPU) ||
       std::find(std::begin(kOutResizesItsOutput), std::end(kOutResizesItsOutput), name.name) !=
           std::end(kOutResizesItsOutput)) {
     return nullptr;
