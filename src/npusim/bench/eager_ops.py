@@ -105,9 +105,9 @@ def run(args: argparse.Namespace) -> int:
     compare(measurements)
     print(f"eager op, npu launch to completion vs CPU call, float32, blocked_autorange median "
           f"({args.min_run_time} s each), {torch.get_num_threads()} threads")
-    print(f"{'op':<12}{'numel':>9}{'npu us':>10}{'cpu us':>10}{'npu/cpu':>9}  npu task writes its result by")
+    print(f"{'op':<18}{'numel':>9}{'npu us':>10}{'cpu us':>10}{'npu/cpu':>9}  npu task writes its result by")
     for r in rows:
-        print(f"{r['op']:<12}{r['numel']:>9}{r['npu_us']:>10.1f}{r['cpu_us']:>10.1f}{r['ratio']:>9.2f}  {r['route']}")
+        print(f"{r['op']:<18}{r['numel']:>9}{r['npu_us']:>10.1f}{r['cpu_us']:>10.1f}{r['ratio']:>9.2f}  {r['route']}")
     out = Path(args.out)
     out.mkdir(parents=True, exist_ok=True)
     (out / "eager_ops.json").write_text(json.dumps({**vars(args), "rows": rows}, default=str, indent=1))
