@@ -145,7 +145,7 @@ std::optional<c10::OperatorHandle> find_foreach_unary_out(const c10::FunctionSch
 // against 298 us on CPU (2026-12-07). Where the functional kernel is, by how
 // PyTorch builds it, its out= variant's kernel run into a fresh tensor, the
 // task runs that out= variant into the host's outputs instead: the same
-// kernel, the same values, no copy. Two kinds of op are such:
+// kernel, the same values, no copy. Three kinds of op are such:
 //  - a structured op's functional variant, recognised by the
 //    CompositeExplicitAutogradNonFunctional kernel PyTorch's codegen gives
 //    every structured op (Note [Structured ops go straight to the fallback]):
@@ -154,26 +154,28 @@ std::optional<c10::OperatorHandle> find_foreach_unary_out(const c10::FunctionSch
 //    schema: the op's own arguments, then one Tensor(a!) per return (max.dim
 //    has max.dim_max, topk has topk.values, elu_backward has
 //    elu_backward.grad_input).
-//  - relu, whose CPU kernel (in PyTorch's activations) refuses a Bool input, then
-//    returns clamp_min(self, 0), structured: its task runs clamp_min.out with
-//    min 0, except for a Bool input.
+//  - relu, whose CPU kernel (in PyTorch's activations) refuses a Bool input,
+//    then returns clamp_min(self, 0), structured: its task runs
+//    clamp_min.out with min 0, except for a Bool input.
 //  - hardtanh and where.self, whose CPU kernels allocate the result and run
 //    the op's own out= kernel on it (kCpuKernelRunsItsOut).
 // An impl may still treat the output it is given otherwise than a fresh
 // one. A sweep of PyTorch's OpInfo ops with every op made a stream task
 // (`python -m npusim conformance ops --stream-tasks --samples 3`: all
-// dtypes, forward and backward) found three: mse_loss and smooth_l1_loss resize a reduced output to the input's
-// shape (and warn that resizing an output is deprecated), and
-// linalg_lu_solve with adjoint returns a lazily conjugated result. The first
-// two keep the functional kernel (kOutResizesItsOutput); a result with a
-// lazy conjugate or negation keeps it too (BoxedLaunch::returns_fresh), as
-// does any return that is not a fresh output. Should another impl resize or
-// restride its output, the outputs it was given are aliases over storages of
-// their own (TaskAliases::own), so a resize moves that alias alone, and
-// place copies whatever result came back into the device memory, as for a
-// functional kernel. With those rules 209 ops took their out= variant in
-// the sweep, and each of its 24602 comparisons with CPU came out as it did
-// with every result copied (the same passes, failures and errors).
+// dtypes, forward and backward) found three: mse_loss and smooth_l1_loss
+// resize a reduced output to the input's shape (and warn that resizing an
+// output is deprecated), and linalg_lu_solve with adjoint returns a lazily
+// conjugated result. The first two keep the functional kernel
+// (kOutResizesItsOutput); a result with a lazy conjugate or negation keeps
+// it too (BoxedLaunch::returns_fresh), as does any return that is not a
+// fresh output. Should another impl resize or restride its output, the
+// outputs it was given are aliases over storages of their own
+// (TaskAliases::own), so a resize moves that alias alone, and place copies
+// whatever result came back into the device memory, as for a functional
+// kernel. With those rules 209 structured ops and relu took their out=
+// variant in that sweep, and each of its 24602 comparisons with CPU came out
+// as with every result copied (the same passes, failures and errors); with
+// hardtanh and where added, the sweep has no failure at all.
 
 // Unstructured ops whose functional CPU kernel allocates its result and runs
 // the op's out= kernel on it (torch 2.13, under torch.profiler: hardtanh

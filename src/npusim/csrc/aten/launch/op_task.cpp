@@ -51,7 +51,7 @@ void TaskAliases::place(const at::Tensor& result, int32_t snapshot, const char* 
     // An out= kernel that restrided the output it was given left its result
     // in the output's own bytes: copied out of them first.
     const char* base = static_cast<const char*>(planned.data);
-    const char* at = static_cast<const char*>(result.storage().data());
+    const char* at = result.has_storage() ? static_cast<const char*>(result.storage().data()) : nullptr;
     const bool over_output = at >= base && at < base + planned.nbytes;
     host_copy(get(snapshot), over_output ? result.clone() : result);
   }
