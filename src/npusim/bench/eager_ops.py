@@ -13,44 +13,47 @@ the task writes its result.
 from __future__ import annotations
 
 import argparse
-import json
 from collections.abc import Callable
-from pathlib import Path
-from typing import Any, NamedTuple
 
 import torch
 import torch.nn.functional as F  # noqa: N812
 from torch.utils import benchmark
 
-from npusim.bench.report import bars, compare, progress, save_plot, timed
+from npusim.bench.report import OpCase, compare, measure_ops, plot_op_ratios, progress, report_op_rows
 
 OUT_VARIANT = "functional's out= variant into the output"
 COPIED = "functional kernel, result copied into the output"
+WIDTH = 1024  # the input is [numel / WIDTH, WIDTH]
 
 
-class Case(NamedTuple):
-    name: str
-    route: str  # how the npu task writes its result
-    op: Callable[[torch.Tensor], object]  # of a [rows, 1024] float32 tensor
+def _on(op: Callable[[torch.Tensor], object]) -> Callable[[str, int], Callable[[], object]]:
+    """The call of ``op`` on a [numel / WIDTH, WIDTH] float32 tensor; on npu through to its completion."""
+    def make(device: str, numel: int) -> Callable[[], object]:
+        x = torch.randn(numel // WIDTH, WIDTH).to(device)
+        if device == "cpu":
+            return lambda: op(x)
+        torch.npu.synchronize()
+        return lambda: (op(x), torch.npu.synchronize())
+    return make
 
 
 CASES = [
-    Case("add", "unboxed out= kernel", lambda x: x + x),
-    Case("relu", "clamp_min.out into the output", torch.relu),
-    Case("leaky_relu", OUT_VARIANT, lambda x: F.leaky_relu(x, 0.1)),
-    Case("elu", OUT_VARIANT, F.elu),
-    Case("cat", OUT_VARIANT, lambda x: torch.cat([x, x])),
-    Case("max.dim", OUT_VARIANT, lambda x: x.max(1)),
-    Case("softmax", "unboxed out= kernel", lambda x: x.softmax(-1)),
-    Case("hardtanh", OUT_VARIANT, F.hardtanh),
-    Case("where", OUT_VARIANT, lambda x: torch.where(x > 0, x, 0.0)),
-    Case("hardtanh_backward", COPIED, lambda x: torch.ops.aten.hardtanh_backward(x, x, -1.0, 1.0)),
-    Case("layer_norm", COPIED + " (3 results)", lambda x: F.layer_norm(x, (x.shape[-1],))),
+    OpCase("add", "unboxed out= kernel", _on(lambda x: x + x)),
+    OpCase("relu", "clamp_min.out into the output", _on(torch.relu)),
+    OpCase("leaky_relu", OUT_VARIANT, _on(lambda x: F.leaky_relu(x, 0.1))),
+    OpCase("elu", OUT_VARIANT, _on(F.elu)),
+    OpCase("cat", OUT_VARIANT, _on(lambda x: torch.cat([x, x]))),
+    OpCase("max.dim", OUT_VARIANT, _on(lambda x: x.max(1))),
+    OpCase("softmax", "unboxed out= kernel", _on(lambda x: x.softmax(-1))),
+    OpCase("hardtanh", OUT_VARIANT, _on(F.hardtanh)),
+    OpCase("where", OUT_VARIANT, _on(lambda x: torch.where(x > 0, x, 0.0))),
+    OpCase("hardtanh_backward", COPIED, _on(lambda x: torch.ops.aten.hardtanh_backward(x, x, -1.0, 1.0))),
+    OpCase("layer_norm", COPIED + " (3 results)", _on(lambda x: F.layer_norm(x, (x.shape[-1],)))),
 ]
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
-    parser.add_argument("--rows", type=int, nargs="+", default=[1024], help="rows of the [rows, 1024] input")
+    parser.add_argument("--rows", type=int, nargs="+", default=[1024], help=f"rows of the [rows, {WIDTH}] input")
     parser.add_argument("--min-run-time", type=float, default=0.3, help="seconds per measurement")
 
 
@@ -63,38 +66,8 @@ def measure(rows_per_input: list[int], min_run_time: float,
     import npusim  # noqa: F401  (registers the npu device)
 
     kept = measurements if measurements is not None else []
-    rows = []
-    for step, case in enumerate(CASES, start=1):
-        progress(step, len(CASES) + 1, f"{case.name} on [{rows_per_input}, 1024] floats, npu then CPU")
-        for n in rows_per_input:
-            x = torch.randn(n, 1024)
-            xn = x.to("npu")
-            torch.npu.synchronize()
-            sub = f"{case.name}, {n}x1024"
-
-            def on_npu(op: Callable[[torch.Tensor], object] = case.op, t: torch.Tensor = xn) -> None:
-                op(t)
-                torch.npu.synchronize()
-
-            npu = timed(on_npu, label=LABEL, sub_label=sub, description="npu", min_run_time=min_run_time)
-            cpu = timed(lambda op=case.op, t=x: op(t), label=LABEL, sub_label=sub, description="cpu",
-                        min_run_time=min_run_time)
-            kept += [npu, cpu]
-            rows.append({"op": case.name, "numel": n * 1024, "npu_us": npu.median * 1e6,
-                         "cpu_us": cpu.median * 1e6, "ratio": npu.median / cpu.median, "route": case.route})
-    return rows
-
-
-def _plot(rows: list[dict[str, Any]], title: str, path: Path) -> None:
-    ops = list(dict.fromkeys(r["op"] for r in rows))
-    sizes = list(dict.fromkeys(r["numel"] for r in rows))
-    ratio = {(r["op"], r["numel"]): r["ratio"] for r in rows}
-
-    def draw(fig: Any) -> None:
-        bars(fig.subplots(), ops, {f"{n} elements": [ratio[(op, n)] for op in ops] for n in sizes},
-             xlabel="npu (launch to completion) / CPU time per call", title=title, ref=1.0)
-
-    save_plot(path, draw, size=(8, 0.5 * len(ops) * max(1, len(sizes)) + 1.2))
+    return measure_ops(CASES, [n * WIDTH for n in rows_per_input], label=LABEL, min_run_time=min_run_time,
+                       kept=kept)
 
 
 def run(args: argparse.Namespace) -> int:
@@ -103,13 +76,9 @@ def run(args: argparse.Namespace) -> int:
     rows = measure(args.rows, args.min_run_time, measurements)
     progress(len(CASES) + 1, len(CASES) + 1, "done")
     compare(measurements)
-    print(f"eager op, npu launch to completion vs CPU call, float32, blocked_autorange median "
-          f"({args.min_run_time} s each), {torch.get_num_threads()} threads")
-    print(f"{'op':<18}{'numel':>9}{'npu us':>10}{'cpu us':>10}{'npu/cpu':>9}  npu task writes its result by")
-    for r in rows:
-        print(f"{r['op']:<18}{r['numel']:>9}{r['npu_us']:>10.1f}{r['cpu_us']:>10.1f}{r['ratio']:>9.2f}  {r['route']}")
-    out = Path(args.out)
-    out.mkdir(parents=True, exist_ok=True)
-    (out / "eager_ops.json").write_text(json.dumps({**vars(args), "rows": rows}, default=str, indent=1))
-    _plot(rows, "large eager ops: npu task vs CPU call", out / "eager_ops.png")
+    out = report_op_rows(rows, args, "eager_ops", route_header="npu task writes its result by",
+                         title=f"eager op, npu launch to completion vs CPU call, float32, blocked_autorange "
+                               f"median ({args.min_run_time} s each), {torch.get_num_threads()} threads")
+    plot_op_ratios(rows, xlabel="npu (launch to completion) / CPU time per call",
+                   title="large eager ops: npu task vs CPU call", path=out / "eager_ops.png")
     return 0

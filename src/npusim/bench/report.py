@@ -22,12 +22,13 @@ matplotlib is missing; :func:`bars`, :func:`measurement_bars` and
 
 from __future__ import annotations
 
+import json
 import statistics
 import time
 import timeit
 from collections.abc import Callable, Mapping, Sequence
 from pathlib import Path
-from typing import Any
+from typing import Any, NamedTuple
 
 import torch
 from torch.utils import benchmark
@@ -187,3 +188,55 @@ def measurement_bars(ax: Any, measurements: Sequence[benchmark.Measurement], *, 
     series = {n: [q[(g, n)][1] for g in groups] for n in names}
     errors = {n: [(q[(g, n)][0], q[(g, n)][2]) for g in groups] for n in names}
     bars(ax, groups, series, xlabel=unit, title=title, errors=errors)
+
+
+class OpCase(NamedTuple):
+    """One op of a per-op benchmark: ``make(device, numel)`` gives the call to time on that device."""
+
+    name: str
+    route: str  # how the npu op does its work, for the table
+    make: Callable[[str, int], Callable[[], object]]
+
+
+def measure_ops(cases: Sequence[OpCase], sizes: Sequence[int], *, label: str, min_run_time: float,
+                kept: list[benchmark.Measurement]) -> list[dict[str, object]]:
+    """Each case's call on npu beside the same call on CPU, per size, timed with :func:`timed`; one row per
+    case and size ({op, numel, npu_us, cpu_us, ratio, route}); the Measurements go to ``kept``."""
+    rows: list[dict[str, object]] = []
+    for step, case in enumerate(cases, start=1):
+        progress(step, len(cases) + 1, f"{case.name} on sizes {list(sizes)}, npu then CPU")
+        for numel in sizes:
+            sub = f"{case.name}, {numel}"
+            npu, cpu = (timed(case.make(device, numel), label=label, sub_label=sub, description=device,
+                              min_run_time=min_run_time) for device in ("npu", "cpu"))
+            kept += [npu, cpu]
+            rows.append({"op": case.name, "numel": numel, "npu_us": npu.median * 1e6, "cpu_us": cpu.median * 1e6,
+                         "ratio": npu.median / cpu.median, "route": case.route})
+    return rows
+
+
+def plot_op_ratios(rows: Sequence[Mapping[str, Any]], *, xlabel: str, title: str, path: Path,
+                   log: bool = False) -> None:
+    """The rows of :func:`measure_ops` as bars of npu / CPU per op, one bar per size."""
+    ops = list(dict.fromkeys(r["op"] for r in rows))
+    sizes = list(dict.fromkeys(r["numel"] for r in rows))
+    ratio = {(r["op"], r["numel"]): r["ratio"] for r in rows}
+
+    def draw(fig: Any) -> None:
+        bars(fig.subplots(), ops, {f"{n} elements": [ratio[(op, n)] for op in ops] for n in sizes},
+             xlabel=xlabel, title=title, ref=1.0, log=log)
+
+    save_plot(path, draw, size=(8, 0.5 * len(ops) * max(1, len(sizes)) + 1.2))
+
+
+def report_op_rows(rows: Sequence[Mapping[str, Any]], args: Any, name: str, *, title: str, route_header: str) -> Path:
+    """Prints the rows of :func:`measure_ops` under ``title`` and writes them with ``args`` to
+    ``args.out/NAME.json``; returns the directory (for the plot)."""
+    print(title)
+    print(f"{'op':<18}{'numel':>9}{'npu us':>10}{'cpu us':>10}{'npu/cpu':>9}  {route_header}")
+    for r in rows:
+        print(f"{r['op']:<18}{r['numel']:>9}{r['npu_us']:>10.1f}{r['cpu_us']:>10.1f}{r['ratio']:>9.2f}  {r['route']}")
+    out = Path(args.out)
+    out.mkdir(parents=True, exist_ok=True)
+    (out / f"{name}.json").write_text(json.dumps({**vars(args), "rows": list(rows)}, default=str, indent=1))
+    return out

@@ -12,22 +12,13 @@ stream's earlier work, so the call's return means the numbers are written.
 from __future__ import annotations
 
 import argparse
-import json
 from collections.abc import Callable
-from pathlib import Path
-from typing import Any, NamedTuple
 
 import torch
 import torch.nn.functional as F  # noqa: N812
 from torch.utils import benchmark
 
-from npusim.bench.report import bars, compare, progress, save_plot, timed
-
-
-class Case(NamedTuple):
-    name: str
-    route: str  # how the npu op gets its numbers
-    make: Callable[[str, int], Callable[[], object]]  # (device, numel) -> the call to time
+from npusim.bench.report import OpCase, compare, measure_ops, plot_op_ratios, progress, report_op_rows
 
 
 def _fill(fill: Callable[[torch.Tensor], object]) -> Callable[[str, int], Callable[[], object]]:
@@ -38,15 +29,15 @@ def _fill(fill: Callable[[torch.Tensor], object]) -> Callable[[str, int], Callab
 
 
 CASES = [
-    Case("uniform_", "philox kernel", _fill(lambda t: t.uniform_())),
-    Case("normal_", "philox kernel", _fill(lambda t: t.normal_())),
-    Case("bernoulli_(0.5)", "philox kernel", _fill(lambda t: t.bernoulli_(0.5))),
-    Case("exponential_", "philox kernel", _fill(lambda t: t.exponential_())),
-    Case("random_(0, 100)", "philox kernel", _fill(lambda t: t.random_(0, 100))),
-    Case("dropout(p=0.1)", "philox mask and output in one pass",
-         lambda device, n: (lambda t: lambda: F.dropout(t, 0.1, training=True))(torch.ones(n, device=device))),
-    Case("randperm", "CPU kernel, CPU generator from philox",
-         lambda device, n: lambda: torch.randperm(n, device=device)),
+    OpCase("uniform_", "philox kernel", _fill(lambda t: t.uniform_())),
+    OpCase("normal_", "philox kernel", _fill(lambda t: t.normal_())),
+    OpCase("bernoulli_(0.5)", "philox kernel", _fill(lambda t: t.bernoulli_(0.5))),
+    OpCase("exponential_", "philox kernel", _fill(lambda t: t.exponential_())),
+    OpCase("random_(0, 100)", "philox kernel", _fill(lambda t: t.random_(0, 100))),
+    OpCase("dropout(p=0.1)", "philox mask and output in one pass",
+           lambda device, n: (lambda t: lambda: F.dropout(t, 0.1, training=True))(torch.ones(n, device=device))),
+    OpCase("randperm", "CPU kernel, CPU generator from philox",
+           lambda device, n: lambda: torch.randperm(n, device=device)),
 ]
 
 
@@ -64,29 +55,7 @@ def measure(sizes: list[int], min_run_time: float,
     import npusim  # noqa: F401  (registers the npu device)
 
     kept = measurements if measurements is not None else []
-    rows = []
-    for step, case in enumerate(CASES, start=1):
-        progress(step, len(CASES) + 1, f"{case.name} on sizes {sizes}, npu then CPU")
-        for numel in sizes:
-            sub = f"{case.name}, {numel}"
-            npu, cpu = (timed(case.make(device, numel), label=LABEL, sub_label=sub, description=device,
-                              min_run_time=min_run_time) for device in ("npu", "cpu"))
-            kept += [npu, cpu]
-            rows.append({"op": case.name, "numel": numel, "npu_us": npu.median * 1e6, "cpu_us": cpu.median * 1e6,
-                         "ratio": npu.median / cpu.median, "route": case.route})
-    return rows
-
-
-def _plot(rows: list[dict[str, Any]], title: str, path: Path) -> None:
-    ops = list(dict.fromkeys(r["op"] for r in rows))
-    sizes = list(dict.fromkeys(r["numel"] for r in rows))
-    ratio = {(r["op"], r["numel"]): r["ratio"] for r in rows}
-
-    def draw(fig: Any) -> None:
-        bars(fig.subplots(), ops, {f"{n} elements": [ratio[(op, n)] for op in ops] for n in sizes},
-             xlabel="npu host time / CPU host time per call (log)", title=title, ref=1.0, log=True)
-
-    save_plot(path, draw, size=(8, 0.5 * len(ops) * max(1, len(sizes)) + 1.2))
+    return measure_ops(CASES, sizes, label=LABEL, min_run_time=min_run_time, kept=kept)
 
 
 def run(args: argparse.Namespace) -> int:
@@ -95,14 +64,9 @@ def run(args: argparse.Namespace) -> int:
     rows = measure(args.sizes, args.min_run_time, measurements)
     progress(len(CASES) + 1, len(CASES) + 1, "done")
     compare(measurements)
-    title = (f"host time per random op call, float32, blocked_autorange median ({args.min_run_time} s each), "
-             f"{torch.get_num_threads()} threads")
-    print(title)
-    print(f"{'op':<18}{'numel':>8}{'npu us':>10}{'cpu us':>10}{'npu/cpu':>9}  npu route")
-    for r in rows:
-        print(f"{r['op']:<18}{r['numel']:>8}{r['npu_us']:>10.1f}{r['cpu_us']:>10.1f}{r['ratio']:>9.2f}  {r['route']}")
-    out = Path(args.out)
-    out.mkdir(parents=True, exist_ok=True)
-    (out / "rng.json").write_text(json.dumps({**vars(args), "rows": rows}, default=str, indent=1))
-    _plot(rows, "random op host time, npu Philox vs CPU generator", out / "rng.png")
+    out = report_op_rows(rows, args, "rng", route_header="npu route",
+                         title=f"host time per random op call, float32, blocked_autorange median "
+                               f"({args.min_run_time} s each), {torch.get_num_threads()} threads")
+    plot_op_ratios(rows, xlabel="npu host time / CPU host time per call (log)",
+                   title="random op host time, npu Philox vs CPU generator", path=out / "rng.png", log=True)
     return 0
