@@ -57,23 +57,30 @@ def test_matmul_returns_before_it_completes():
     torch.testing.assert_close(y.cpu(), x.cpu() @ w.cpu())
 
 
-def test_small_ops_can_be_made_stream_tasks():
-    """NPUSIM_SMALL_OPS_ON_THE_HOST=0 (set_small_ops_on_the_host(False)) makes a 4-element add on an idle stream a
-    task, as a large one is; by default the host does it in place."""
+_TASKS_OF_A_SMALL_ADD = textwrap.dedent("""
+    import torch, npusim
+    from npusim.runtime import acl
     x = torch.ones(4, device="npu")
     torch.npu.synchronize()
-    counts = []
-    for on in (True, False):
-        acl.set_small_ops_on_the_host(on)
-        try:
-            before = _tasks()
-            y = x + 1
-            torch.npu.synchronize()
-            counts.append(_tasks() - before)
-        finally:
-            acl.set_small_ops_on_the_host(True)
-        assert y.tolist() == [2.0] * 4
-    assert counts == [0, 1]
+    stream = torch.npu.current_stream()
+    before = acl.stream_enqueued(stream.stream_id, stream.device_index)
+    y = x + 1
+    torch.npu.synchronize()
+    print(acl.stream_enqueued(stream.stream_id, stream.device_index) - before, y.tolist())
+""")
+
+
+@pytest.mark.parametrize(("setting", "tasks"), [(None, 0), ("1", 0), ("0", 1)])
+def test_small_ops_can_be_made_stream_tasks(setting, tasks):  # noqa: ANN001
+    """NPUSIM_SMALL_OPS_ON_THE_HOST=0 makes a 4-element add on an idle stream a task, as a large one is; by default
+    (and with 1) the host does it in place. In a process of its own, so that the setting stays the process's."""
+    env = {k: v for k, v in os.environ.items() if k != "NPUSIM_SMALL_OPS_ON_THE_HOST"}
+    if setting is not None:
+        env["NPUSIM_SMALL_OPS_ON_THE_HOST"] = setting
+    run = subprocess.run([sys.executable, "-c", _TASKS_OF_A_SMALL_ADD], capture_output=True, text=True,
+                         timeout=240, env=env)
+    assert run.returncode == 0, run.stderr[-3000:]
+    assert run.stdout.split("\n")[-2] == f"{tasks} [2.0, 2.0, 2.0, 2.0]", run.stdout
 
 
 def test_small_work_on_an_idle_stream_is_done_by_the_host_except_under_the_profiler():
