@@ -186,6 +186,12 @@ constexpr std::string_view kCpuKernelRunsItsOut[] = {"aten::hardtanh", "aten::wh
 constexpr std::string_view kOutResizesItsOutput[] = {
     "aten::mse_loss", "aten::smooth_l1_loss"};
 
+// Whether `name` is one of `names` (the lists of ops above).
+template <size_t N>
+bool listed(const std::string_view (&names)[N], std::string_view name) {
+  return std::find(std::begin(names), std::end(names), name) != std::end(names);
+}
+
 // The aten ops with out= arguments, by name ("aten::max"), built once.
 const std::unordered_map<std::string, std::vector<c10::OperatorHandle>>& out_overloads() {
   static const auto* index = [] {
@@ -246,7 +252,8 @@ std::optional<c10::OperatorHandle> out_overload_of(const c10::FunctionSchema& sc
 
 // The FunctionalOut of `op` (Note [A functional op's results in place]), or
 // null; leaked, as the traits are.
-const FunctionalOut* find_functional_out(const c10::OperatorHandle& op) {
+// `full_name` is the op's name with its overload (OpTraits::name).
+const FunctionalOut* find_functional_out(const c10::OperatorHandle& op, std::string_view full_name) {
   const c10::OperatorName& name = op.schema().operator_name();
   if (name.name == "aten::relu" && name.overload_name.empty()) {
     const auto clamp_min_out = c10::Dispatcher::singleton().findSchema({"aten::clamp_min", "out"});
@@ -255,13 +262,9 @@ const FunctionalOut* find_functional_out(const c10::OperatorHandle& op) {
     }
     return new FunctionalOut{*clamp_min_out, c10::IValue(c10::Scalar(0)), /*not_for_bool=*/true};
   }
-  const std::string full = name.overload_name.empty() ? name.name : name.name + "." + name.overload_name;
   const bool structured = op.hasKernelForDispatchKey(c10::DispatchKey::CompositeExplicitAutogradNonFunctional);
-  const bool runs_its_out = std::find(std::begin(kCpuKernelRunsItsOut), std::end(kCpuKernelRunsItsOut), full) !=
-      std::end(kCpuKernelRunsItsOut);
-  if (!(structured || runs_its_out) || !op.hasKernelForDispatchKey(c10::DispatchKey::CPU) ||
-      std::find(std::begin(kOutResizesItsOutput), std::end(kOutResizesItsOutput), name.name) !=
-          std::end(kOutResizesItsOutput)) {
+  if (!(structured || listed(kCpuKernelRunsItsOut, full_name)) || !op.hasKernelForDispatchKey(c10::DispatchKey::CPU) ||
+      listed(kOutResizesItsOutput, name.name)) {
     return nullptr;
   }
   const std::optional<c10::OperatorHandle> out = out_overload_of(op.schema());
@@ -295,13 +298,12 @@ std::unique_ptr<OpTraits> make_traits(const c10::OperatorHandle& op) {
   if (auto out = find_foreach_unary_out(schema)) {
     traits->foreach_unary_out = new c10::OperatorHandle(*out);  // leaked, as the traits are
   }
-  traits->functional_out = find_functional_out(op);
+  traits->functional_out = find_functional_out(op, traits->name);
   if (!returns_only_tensors(schema)) {
     traits->host_only = "returns a host value computed from device data";
   } else if (cpu_kernel_is_python(op)) {
     traits->host_only = "its CPU kernel is a Python function";
-  } else if (std::find(std::begin(kCpuSizesOutputsOtherwise), std::end(kCpuSizesOutputsOtherwise), name.name) !=
-      std::end(kCpuSizesOutputsOtherwise)) {
+  } else if (listed(kCpuSizesOutputsOtherwise, name.name)) {
     traits->host_only = "its CPU kernel sizes its outputs otherwise than its Meta kernel";
   }
   return traits;
