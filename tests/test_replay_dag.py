@@ -2,12 +2,14 @@
 at once]): the DAG a capture finds from what each task reads and writes (NPUGraph.replay_levels: its
 tasks per depth), memory of the graph's pool reused by a later task ordering it after the earlier
 users, a task of unknown access ordering everything around it, a waiting host running tasks under
-the worker's thread state, a failing task's error, replays equal to eager, and random programs over
-overlapping views of shared buffers replaying as CPU runs them."""
+the worker's thread state and leaving with its own intra-op thread count, a failing task's error,
+replays equal to eager, and random programs over overlapping views of shared buffers replaying as CPU
+runs them."""
 
 from __future__ import annotations
 
 import functools
+import os
 import random
 
 import pytest
@@ -143,6 +145,30 @@ def test_a_helping_host_runs_tasks_under_the_workers_thread_state():
     assert _helped() > before, "the premise: the host ran tasks of the level"
     assert mode.ops == []
     torch.testing.assert_close(out[2].cpu(), x.cpu() @ w3.cpu(), rtol=1e-5, atol=1e-4)
+
+
+def test_a_helping_host_keeps_its_intraop_thread_count():
+    """A task sets its kernel's team on the thread that runs it: a small pointwise kernel gets one thread fewer
+    than the user's count (Note [A core for the host]). A host that ran such tasks of a level leaves its wait
+    with the user's count, as it came; it kept the task's before."""
+    cores = len(os.sched_getaffinity(0))
+    if cores < 2:
+        pytest.skip("a small pointwise kernel leaves a core to the host only where the process has two")
+    threads = torch.get_num_threads()
+    torch.set_num_threads(cores)
+    try:
+        x = torch.randn(1 << 17, device="npu")  # under the full team's size: a team of cores - 1
+        g, out = _capture(lambda: (x.exp(), x.sin(), x.cos(), x.tanh()))
+        assert g.replay_levels() == [4]
+        before = _helped()
+        for step in range(20):
+            g.replay()
+            torch.npu.synchronize()
+            assert torch.get_num_threads() == cores, f"replay {step}"
+        assert _helped() > before, "the premise: the host ran tasks of the level"
+        torch.testing.assert_close(out[3].cpu(), x.cpu().tanh())
+    finally:
+        torch.set_num_threads(threads)
 
 
 @pytest.mark.asynchronous

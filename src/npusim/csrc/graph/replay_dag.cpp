@@ -31,7 +31,8 @@ namespace npusim {
 // the worker, and a host thread that waits for the replay's stream (Note [A
 // waiting host helps]), each take a task whose predecessors have run, under the worker's
 // thread-local state (grad mode, dispatch keys, Python modes) and with
-// subnormals kept. A thread that finishes a task goes on with the successor
+// subnormals kept; a host leaves with the intra-op thread count it came
+// with, whatever team its tasks' kernels set. A thread that finishes a task goes on with the successor
 // it made ready that has the longest path to the end (its inputs are in this
 // core's cache, and it is on the critical path) and leaves the others to be
 // taken. Results and numbers are the ordered replay's (each task computes

@@ -3,6 +3,7 @@
 #include "host_wait.h"
 #include "subnormals.h"
 
+#include <ATen/Parallel.h>
 #include <ATen/ThreadLocalState.h>
 #include <c10/util/Exception.h>
 #include <c10/util/StringUtil.h>
@@ -691,6 +692,25 @@ struct InSharedWork {
   InSharedWork& operator=(const InSharedWork&) = delete;
 };
 
+// Puts the calling thread's intra-op thread count (its OpenMP team size)
+// back when the scope ends. A task sets its kernel's team on the thread that
+// runs it (Note [A core for the host]); a host thread that runs a task of its
+// stream's worker (run_shared_as_worker) leaves with the user's count, as it came.
+class KeepIntraopThreads {
+ public:
+  KeepIntraopThreads() : threads_(at::get_num_threads()) {}
+  ~KeepIntraopThreads() {
+    if (at::get_num_threads() != threads_) {
+      at::set_num_threads(threads_);
+    }
+  }
+  KeepIntraopThreads(const KeepIntraopThreads&) = delete;
+  KeepIntraopThreads& operator=(const KeepIntraopThreads&) = delete;
+
+ private:
+  int threads_;
+};
+
 }  // namespace
 
 struct NpuStream::SharedWork {
@@ -766,8 +786,10 @@ void NpuStream::run_shared_as_worker(int64_t n, int64_t grain, c10::function_ref
   const std::thread::id worker = std::this_thread::get_id();
   run_shared(n, grain, [&](int64_t begin, int64_t end) {
     std::optional<at::ThreadLocalStateGuard> state;
+    std::optional<KeepIntraopThreads> threads;
     if (std::this_thread::get_id() != worker) {
       state.emplace(worker_state);
+      threads.emplace();
     }
     body(begin, end);
   });
