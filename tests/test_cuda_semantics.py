@@ -235,6 +235,45 @@ def test_opinfo_dtypes_only_cuda_has_are_computed_as_cuda_does():
             _check_cuda_only(ops[name], name, dtype)
 
 
+@pytest.mark.filterwarnings("ignore:ComplexHalf support is experimental")
+def test_complex32_ops_run_on_the_host_after_the_streams_work():
+    """An op with a complex32 npu argument runs on the host after the stream's earlier work, whatever its size
+    (Note [complex32 on the host]): acos and exp, which CPU refuses, raise CPU's error from the call, where as
+    stream tasks they failed the device; a product of a conversion still on the stream, and a backward pass
+    through complex32, give CPU's values; later work runs."""
+    torch.manual_seed(0)
+    n = 1 << 16  # a stream task were it not complex32 (Note [Work on an idle stream])
+    x = torch.randn(n, dtype=torch.complex64).to(torch.complex32)
+    w = torch.randn(n)
+    xn = x.npu()
+    busy = torch.randn(512, 512, device="npu")
+    for op in (torch.acos, torch.exp):
+        busy = busy @ busy  # the stream has earlier work
+        with pytest.raises(RuntimeError, match="not implemented for 'ComplexHalf'"):
+            op(xn)
+    # The conversion is a stream task; the host's product reads its result after it.
+    product = w.npu().to(torch.complex32) * xn
+    assert torch.equal(torch.view_as_real(product.cpu()), torch.view_as_real(w.to(torch.complex32) * x))
+    grads = []
+    for device in ("cpu", "npu"):
+        leaf = w.to(device, copy=True).requires_grad_()
+        (leaf.to(torch.complex32) * x.to(device)).abs().float().sum().backward()  # abs's backward: complex32
+        grads.append(leaf.grad.cpu())
+    assert torch.equal(grads[1], grads[0])
+    torch.npu.synchronize()
+    assert torch.equal((busy + 1).cpu(), busy.cpu() + 1)
+
+
+def test_an_op_without_a_cpu_kernel_raises_from_the_call():
+    """CUDA's fused attention has no CPU kernel: npu does not compute it, and the call raises PyTorch's error
+    whatever its size (OpTraits::host_only), where as a stream task it failed the device; later work runs."""
+    q = torch.randn(1, 1024, 4, 64, device="npu")  # 262144 elements: a stream task, were it one
+    with pytest.raises(NotImplementedError, match="Could not run 'aten::_flash_attention_forward'"):
+        torch.ops.aten._flash_attention_forward(q, q, q, None, None, 1024, 1024, 0.0, False, False)
+    torch.npu.synchronize()
+    assert torch.equal((q + 1).cpu(), q.cpu() + 1)
+
+
 def test_widened_ops_keep_their_gradients_in_the_reduced_dtype():
     """fp16 / bf16 avg_pool3d forward and backward on npu are CPU's fp32 kernels rounded once, as CUDA's
     accumulate in fp32; the out= variant writes the caller's fp16 tensor."""

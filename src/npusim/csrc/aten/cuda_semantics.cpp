@@ -199,7 +199,8 @@ std::tuple<at::Tensor, at::Tensor, at::Tensor> native_batch_norm_backward(const 
 // a dtype test in front of their CPU kernels would cost every call, and
 // CUDA's fft in half runs cuFFT's half-precision transforms (power-of-two
 // sizes only), which an fp32 transform rounded to half is not. They raise
-// CPU's "not implemented for 'ComplexHalf'" / "Unsupported dtype Half".
+// CPU's "not implemented for 'ComplexHalf'" / "Unsupported dtype Half", at
+// the call (complex32 ops run on the host: Note [complex32 on the host]).
 bool is_integral(const at::Tensor& t) {
   return at::isIntegralType(t.scalar_type(), /*includeBool=*/false);
 }

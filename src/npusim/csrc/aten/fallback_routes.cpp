@@ -233,11 +233,12 @@ struct UnboxedFallback<Op, OutOp, MetaFn, R(Args...)> {
     const c10::OperatorHandle& op = handle();
     LaunchScan scan;
     (scan.add(args), ...);
-    if (C10_UNLIKELY(any_stream_capturing() || compute_cost_hook() != nullptr)) {
+    if (C10_UNLIKELY(any_stream_capturing() || compute_cost_hook() != nullptr || scan.complex_half)) {
       if (compute_cost_hook() == nullptr && scan.stream().capture() != nullptr) {
         return launch(op, keys, args...);  // recorded by the capture: Note [Unboxed fallback kernels]
       }
-      return boxed(keys, args...);  // given to the cost hook, or beside another stream's capture
+      // Given to the cost hook, beside another stream's capture, or complex32 (Note [complex32 on the host]).
+      return boxed(keys, args...);
     }
     if (compute_on_the_host_now(scan)) {
       if constexpr (IteratorKernel<Op>::value) {

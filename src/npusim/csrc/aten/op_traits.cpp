@@ -35,18 +35,23 @@ bool returns_only_tensors(const c10::FunctionSchema& schema) {
   return true;
 }
 
-// Whether the CPU kernel the fallback would run is written in Python: a
-// stream worker never takes the GIL (the host may hold it while it waits for
-// the stream), so such an op runs on the host. The dispatcher records where
-// each kernel was registered; C++ registrations name a C++ source file.
-bool cpu_kernel_is_python(const c10::OperatorHandle& op) {
+// The dispatcher's entry for the CPU kernel the fallback would run ("CPU:
+// registered at <file>:<line> [kernel]"); empty when the op has none.
+std::string cpu_kernel_entry(const c10::OperatorHandle& op) {
   const std::string table = op.dumpComputedTable();
   const size_t line = table.find("\nCPU: ") != std::string::npos ? table.find("\nCPU: ") + 1
       : (table.rfind("CPU: ", 0) == 0 ? 0 : std::string::npos);
   if (line == std::string::npos) {
-    return false;  // no CPU kernel: the host path raises PyTorch's error
+    return "";
   }
-  const std::string entry = table.substr(line, table.find('\n', line) - line);
+  return table.substr(line, table.find('\n', line) - line);
+}
+
+// Whether a CPU kernel entry is written in Python: a stream worker never
+// takes the GIL (the host may hold it while it waits for the stream), so
+// such an op runs on the host. The dispatcher records where each kernel was
+// registered; C++ registrations name a C++ source file.
+bool is_python_kernel(const std::string& entry) {
   for (const char* cxx : {".cpp:", ".cc:", ".h:", ".hpp:", ".cu:"}) {
     if (entry.find(cxx) != std::string::npos) {
       return false;
@@ -299,9 +304,14 @@ std::unique_ptr<OpTraits> make_traits(const c10::OperatorHandle& op) {
     traits->foreach_unary_out = new c10::OperatorHandle(*out);  // leaked, as the traits are
   }
   traits->functional_out = find_functional_out(op, traits->name);
+  const std::string cpu_kernel = cpu_kernel_entry(op);
   if (!returns_only_tensors(schema)) {
     traits->host_only = "returns a host value computed from device data";
-  } else if (cpu_kernel_is_python(op)) {
+  } else if (cpu_kernel.empty()) {
+    // CUDA's own ops (fused attention, cuDNN's): the host path raises PyTorch's "Could not run ... with
+    // arguments from the 'CPU' backend" from the call, where a task would fail the device with it.
+    traits->host_only = "it has no CPU kernel";
+  } else if (is_python_kernel(cpu_kernel)) {
     traits->host_only = "its CPU kernel is a Python function";
   } else if (listed(kCpuSizesOutputsOtherwise, name.name)) {
     traits->host_only = "its CPU kernel sizes its outputs otherwise than its Meta kernel";

@@ -1,8 +1,9 @@
 // The one scan of an op's arguments that decides where it runs: the npu it
-// runs on and how many elements its npu tensor arguments hold. The boxed
-// launch (op_launch.cpp: launch_boxed, over the stack) and the unboxed one
-// (unboxed_launch.h: UnboxedFallback::call, over its typed arguments) both
-// fill one and ask compute_on_the_host_now (op_launch.h) with it.
+// runs on, how many elements its npu tensor arguments hold and whether one
+// is complex32. The boxed launch (op_launch.cpp: launch_boxed, over the
+// stack) and the unboxed one (unboxed_launch.h: UnboxedFallback::call, over
+// its typed arguments) both fill one and ask compute_on_the_host_now
+// (op_launch.h) with it.
 #pragma once
 
 #include "../../runtime/device.h"
@@ -23,6 +24,7 @@ namespace npusim {
 struct LaunchScan {
   c10::DeviceIndex device = -1;  // the first npu argument's (a tensor's or a Device's); -1: none yet
   int64_t numel = 0;             // the elements of every npu tensor argument, summed
+  bool complex_half = false;     // an npu tensor argument is complex32: Note [complex32 on the host]
 
   void add(const at::Tensor& t) {
     if (t.defined() && t.device().type() == kNpu) {
@@ -30,6 +32,7 @@ struct LaunchScan {
         device = t.device().index();
       }
       numel += t.numel();
+      complex_half |= t.scalar_type() == at::kComplexHalf;
     }
   }
   void add(const std::optional<at::Tensor>& t) {

@@ -143,13 +143,28 @@ bool compute_on_the_host_now(const LaunchScan& scan) {
   return compute_on_the_host_now(scan.stream(), scan.numel);
 }
 
+// Note [complex32 on the host]
+// CPU has kernels for few ops of complex32 (ComplexHalf, which PyTorch marks
+// experimental): add, mul, cat, copies and views take it, acos, exp, div and
+// sum raise "not implemented for 'ComplexHalf'", and npu does not compute
+// them otherwise (Note [Dtypes CUDA accepts and CPU refuses]). A launch
+// cannot tell which: the Meta kernel takes every dtype, and only the CPU
+// kernel refuses, when it runs. As a stream task (a large op, any op in a
+// backward pass) that refusal failed the device for the rest of the process
+// (Note [Errors of asynchronous work]), for a call whose only fault is its
+// dtype. So an op with a complex32 npu argument runs on the host after the
+// stream's earlier work (the fallback's host path, which waits for it), as
+// ops whose result the host must see do: CPU's error raises from the call
+// and the device stays usable; what CPU computes is the same either way. A
+// capture still records it. The unboxed hot ops take the boxed route for it
+// (UnboxedFallback::call), whose launch_boxed declines it.
 bool launch_boxed(const c10::OperatorHandle& op, torch::jit::Stack* stack) {
   const OpTraits& traits = op_traits(op);
   const size_t first = stack->size() - op.schema().arguments().size();
   LaunchScan scan;
   scan.add_stack(*stack, first);
   StreamCapture* const capture = scan.stream().capture();
-  if (capture == nullptr && (traits.host_only != nullptr || compute_on_the_host_now(scan))) {
+  if (capture == nullptr && (traits.host_only != nullptr || scan.complex_half || compute_on_the_host_now(scan))) {
     return false;
   }
   BoxedLaunch launch(op, traits);

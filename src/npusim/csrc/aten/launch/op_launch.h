@@ -53,7 +53,8 @@ ComputeCostHook compute_cost_hook();
 // instead (the caller, the fallback, runs it). Raises what the op would
 // raise on the host before anything is enqueued: the device rules' errors,
 // out of memory for an output; and, while the op's stream is being captured
-// by an npu graph, CUDA's error for an op that cannot be captured.
+// by an npu graph, CUDA's error for an op that cannot be captured. An op
+// with a complex32 argument runs on the host: Note [complex32 on the host].
 bool launch_boxed(const c10::OperatorHandle& op, torch::jit::Stack* stack);
 
 // Whether an op on `stream` whose npu arguments hold `numel` elements in all
