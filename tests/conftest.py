@@ -18,16 +18,28 @@ from npusim.testing.device_failures import clear_device_failures
 def pytest_configure(config: pytest.Config) -> None:
     config.addinivalue_line("markers", "asynchronous: asserts that device work outlives its launch (host runs ahead); "
                              "skipped under NPUSIM_LAUNCH_BLOCKING=1, which makes every launch wait for its task")
+    config.addinivalue_line("markers", "small_ops_on_the_host: asserts that small work on an idle stream runs on the "
+                             "host (Note [Work on an idle stream]); skipped under NPUSIM_SMALL_OPS_ON_THE_HOST=0, "
+                             "which makes every compute op a stream task")
+
+
+# The settings that change where work runs, and the marker of the tests that assert the default.
+_SKIPPED_UNDER = (
+    ("asynchronous", npusim_config.launch_blocking,
+     "asserts that device work outlives its launch; NPUSIM_LAUNCH_BLOCKING=1 makes every launch wait for its task"),
+    ("small_ops_on_the_host", lambda: not npusim_config.small_ops_on_the_host(),
+     "asserts that small work on an idle stream runs on the host; NPUSIM_SMALL_OPS_ON_THE_HOST=0 makes every "
+     "compute op a stream task"),
+)
 
 
 def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
-    if not npusim_config.launch_blocking():
-        return
-    skip = pytest.mark.skip(reason="asserts that device work outlives its launch; NPUSIM_LAUNCH_BLOCKING=1 makes "
-                                   "every launch wait for its task")
-    for item in items:
-        if "asynchronous" in item.keywords:
-            item.add_marker(skip)
+    for marker, setting_on, reason in _SKIPPED_UNDER:
+        if setting_on():
+            skip = pytest.mark.skip(reason=reason)
+            for item in items:
+                if marker in item.keywords:
+                    item.add_marker(skip)
 
 
 @pytest.fixture

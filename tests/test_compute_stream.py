@@ -83,6 +83,7 @@ def test_small_ops_can_be_made_stream_tasks(setting, tasks):  # noqa: ANN001
     assert run.stdout.split("\n")[-2] == f"{tasks} [2.0, 2.0, 2.0, 2.0]", run.stdout
 
 
+@pytest.mark.small_ops_on_the_host
 def test_small_work_on_an_idle_stream_is_done_by_the_host_except_under_the_profiler():
     """Note [Work on an idle stream]: a small op on an idle stream is no task, a large one or one under
     torch.profiler is, named after the op."""

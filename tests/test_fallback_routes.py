@@ -86,6 +86,7 @@ def test_output_on_a_side_stream_is_allocated_on_it():
     with torch.npu.stream(side):
         out = a.exp()
     assert _segment(out.data_ptr())["stream"] == side.stream_id
+    torch.npu.current_stream().wait_stream(side)  # the read below is on the default stream
     assert torch.allclose(out.cpu(), a.cpu().exp())
 
 

@@ -9,6 +9,8 @@ import torch
 
 from npusim.runtime import acl
 
+pytestmark = pytest.mark.small_ops_on_the_host  # the path of small work on an idle stream
+
 BINARY = {
     "add": lambda x, y: x.add(y, alpha=3),
     "sub": lambda x, y: torch.sub(x, y, alpha=2),

@@ -206,6 +206,7 @@ def _tasks(stream: torch.npu.Stream) -> int:
     return acl.stream_enqueued(stream.stream_id, stream.device_index)
 
 
+@pytest.mark.small_ops_on_the_host
 def test_small_random_op_on_an_idle_stream_runs_on_the_host_and_a_large_one_is_a_task():
     """Note [Work on an idle stream]: a 16-element uniform_ enqueues nothing; a LARGE one is one stream task."""
     stream = torch.npu.current_stream()

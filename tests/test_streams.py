@@ -236,6 +236,7 @@ def test_events_stay_stream_tasks_under_the_profiler():
     assert [(e.device_type, e.device_resource_id) for e in records] == [(torch.autograd.DeviceType.PrivateUse1, 0)]
 
 
+@pytest.mark.small_ops_on_the_host
 def test_small_copies_on_an_idle_stream_are_done_by_the_caller():
     """Note [Work on an idle stream]: a small copy on an idle stream is no stream task; a large one, or one
     under the timing model, is. Values are right either way."""
