@@ -6,6 +6,7 @@
 
 #include <ATen/native/BinaryOps.h>
 
+#include <algorithm>
 #include <string_view>
 
 namespace npusim {
@@ -80,23 +81,24 @@ void check_foreach_sub(const c10::OperatorHandle& op, const torch::jit::Stack& s
     return;
   }
   const c10::List<at::Tensor> tensors = stack[first].toTensorList();
-  const c10::IValue& other = stack[first + 1];
-  for (size_t i = 0; i < tensors.size(); ++i) {
-    const at::Tensor self = tensors[i];
-    if (other.isTensorList()) {
-      const c10::List<at::Tensor> others = other.toTensorList();
-      if (i < others.size()) {
-        at::native::sub_check(self, static_cast<at::Tensor>(others[i]));
-      }
-    } else if (other.isTensor()) {
+  const c10::IValue& other = stack[first + 1];  // a Tensor[], a Tensor, a Scalar or a Scalar[]
+  if (other.isTensorList()) {
+    const c10::List<at::Tensor> others = other.toTensorList();
+    for (size_t i = 0; i < std::min(tensors.size(), others.size()); ++i) {
+      at::native::sub_check(tensors[i], others[i]);
+    }
+  } else if (other.isTensor()) {
+    for (const at::Tensor& self : tensors) {
       at::native::sub_check(self, other.toTensor());
-    } else if (other.isScalar()) {
+    }
+  } else if (other.isScalar()) {
+    for (const at::Tensor& self : tensors) {
       at::native::sub_check(self, other.toScalar());
-    } else if (other.isList()) {  // a list of scalars
-      const c10::List<c10::IValue> scalars = other.toList();
-      if (i < scalars.size()) {
-        at::native::sub_check(self, scalars.get(i).toScalar());
-      }
+    }
+  } else if (other.isList()) {
+    const c10::List<c10::IValue> scalars = other.toList();
+    for (size_t i = 0; i < std::min(tensors.size(), scalars.size()); ++i) {
+      at::native::sub_check(tensors[i], scalars.get(i).toScalar());
     }
   }
 }
