@@ -280,11 +280,13 @@ def test_pixel_shuffle_is_cudas_composite():
     pytest.param(lambda x: x.cumsum(0), id="cumsum"),
     pytest.param(torch.nn.functional.hardtanh, id="hardtanh"),
     pytest.param(lambda x: torch.where(x > 0, x, 0.5), id="where"),
+    # nn.Embedding's forward: rows of a table by index
+    pytest.param(lambda x: x.index_select(0, torch.tensor([5, 0, 255, 5] * 64, device=x.device)), id="index_select"),
 ])
 def test_functional_ops_run_their_out_variant_into_the_outputs(op):  # noqa: ANN001
-    """A structured op's functional task (and relu's, hardtanh's, where's) runs the op's out= variant into the
-    outputs the host allocated, so no result is copied into place, and the values are CPU's (Note [A functional
-    op's results in place])."""
+    """A structured op's functional task (and relu's, hardtanh's, where's, index_select's) runs the op's out=
+    variant into the outputs the host allocated, so no result is copied into place, and the values are CPU's
+    (Note [A functional op's results in place])."""
     x_cpu = torch.randn(256, 128)  # 32768 elements: above the host-run size, so a stream task
     x = x_cpu.to("npu")
     torch.npu.synchronize()

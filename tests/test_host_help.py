@@ -58,6 +58,45 @@ def test_a_synchronizing_host_copies_part_of_a_foreach_copy() -> None:
         assert torch.equal(d.cpu(), torch.arange(i, i + 65536, dtype=torch.float32)), f"pair {i}"
 
 
+def test_a_few_large_pairs_are_shared_one_at_a_time() -> None:
+    # Three pairs of 4 MiB make one task of three spans: each span is a claim of its own (enough bytes for
+    # the claim's counter to cost nothing), so a waiting host takes some of them.
+    src = [torch.arange(i, i + (1 << 20), dtype=torch.float32).to("npu") for i in range(3)]
+    dst = [torch.zeros(1 << 20, device="npu") for _ in range(3)]
+    torch.npu.synchronize()
+    before = _items_helped()
+    with _no_gc():
+        torch.npu._sleep(HEAD_START_CYCLES)
+        for _ in range(CALLS):
+            torch._foreach_copy_(dst, src)
+        torch.npu.synchronize()
+    assert 0 < _items_helped() - before <= 3 * CALLS
+    for i, d in enumerate(dst):
+        assert torch.equal(d.cpu(), torch.arange(i, i + (1 << 20), dtype=torch.float32)), f"pair {i}"
+
+
+def test_small_pairs_are_claimed_64_kib_at_a_time() -> None:
+    # FSDP2's shards: 4 KiB pairs, 48 to a task, claimed 16 at a time (64 KiB), so a helping host runs
+    # whole claims of 16 spans: the stream's count of helped items moves in sixteens.
+    src = [torch.full((1024,), float(i), device="npu") for i in range(48)]
+    dst = [torch.zeros(1024, device="npu") for _ in range(48)]
+    torch.npu.synchronize()
+    helped: list[int] = []  # per round in which the host helped (a host woken late may find no claim left)
+    with _no_gc():
+        for _ in range(60):
+            before = _items_helped()
+            torch.npu._sleep(HEAD_START_CYCLES)
+            for _ in range(50):  # launched within the head start, so that the host still spins when they run
+                torch._foreach_copy_(dst, src)
+            torch.npu.synchronize()
+            if _items_helped() > before:
+                helped.append(_items_helped() - before)
+            if len(helped) == 3:
+                break
+    assert len(helped) == 3 and all(h % 16 == 0 for h in helped), helped
+    assert all(torch.equal(d.cpu(), torch.full((1024,), float(i))) for i, d in enumerate(dst))
+
+
 def test_a_host_that_does_not_wait_never_helps() -> None:
     src = [torch.full((65536,), float(i), device="npu") for i in range(60)]
     dst = [torch.zeros(65536, device="npu") for _ in range(60)]

@@ -162,8 +162,8 @@ std::optional<c10::OperatorHandle> find_foreach_unary_out(const c10::FunctionSch
 //  - relu, whose CPU kernel (in PyTorch's activations) refuses a Bool input,
 //    then returns clamp_min(self, 0), structured: its task runs
 //    clamp_min.out with min 0, except for a Bool input.
-//  - hardtanh and where.self, whose CPU kernels allocate the result and run
-//    the op's own out= kernel on it (kCpuKernelRunsItsOut).
+//  - hardtanh, where.self and index_select, whose CPU kernels allocate the
+//    result and run the op's own out= kernel on it (kCpuKernelRunsItsOut).
 // An impl may still treat the output it is given otherwise than a fresh
 // one. A sweep of PyTorch's OpInfo ops with every op made a stream task
 // (`python -m npusim conformance ops --stream-tasks --samples 3`: all
@@ -185,8 +185,9 @@ std::optional<c10::OperatorHandle> find_foreach_unary_out(const c10::FunctionSch
 // Unstructured ops whose functional CPU kernel allocates its result and runs
 // the op's out= kernel on it (torch 2.13, under torch.profiler: hardtanh
 // calls empty_like and hardtanh.out; where.self allocates and runs
-// where_self_out).
-constexpr std::string_view kCpuKernelRunsItsOut[] = {"aten::hardtanh", "aten::where.self"};
+// where_self_out; index_select, which nn.Embedding's forward runs, allocates
+// an empty result that index_select_out_cpu_, its out= kernel, resizes).
+constexpr std::string_view kCpuKernelRunsItsOut[] = {"aten::hardtanh", "aten::where.self", "aten::index_select"};
 
 constexpr std::string_view kOutResizesItsOutput[] = {
     "aten::mse_loss", "aten::smooth_l1_loss"};
