@@ -85,7 +85,7 @@ def _foreach_copy_rows(n: int, min_run_time: float) -> tuple[Row, list[benchmark
     torch.npu.synchronize()
     cpu = _median_us(lambda: torch._foreach_copy_(cpu_dst, cpu_src), label, f"{n} x 4 KiB", "CPU native",
                      min_run_time)
-    goal = 0.5 if n >= 1000 else 2.0
+    goal = 0.45 if n >= 1000 else 2.0  # issue 41: at most 0.45 at 1000 tensors, in five runs of five
     return Row(f"_foreach_copy_ fast path, {n} tensors of 4 KiB", npu.median * 1e6, cpu.median * 1e6, "us",
                goal), [npu, cpu]
 

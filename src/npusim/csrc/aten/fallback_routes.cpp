@@ -13,6 +13,7 @@
 
 #include <ATen/core/boxing/impl/boxing.h>
 #include <ATen/core/dispatch/Dispatcher.h>
+#include <ATen/native/Gelu.h>
 #include <ATen/ops/_log_softmax_backward_data_ops.h>
 #include <ATen/ops/_log_softmax_ops.h>
 #include <ATen/ops/_softmax_backward_data_ops.h>
@@ -365,6 +366,23 @@ at::Tensor softmax_backward_as_cuda(c10::DispatchKeySet keys, const at::Tensor& 
   return Fp32(grad, output, dim, at::kFloat).to(at::kHalf);
 }
 
+// gelu's approximate argument, which only the CPU kernel checks (its C++ meta
+// function lets any string through): checked at the call, as CUDA's host
+// code does, so that a task does not fail the device with it (Note [Argument
+// checks of CPU kernels]). Two string compares per launch.
+template <class Fallback>
+at::Tensor gelu_as_cuda(c10::DispatchKeySet keys, const at::Tensor& self, c10::string_view approximate) {
+  at::native::get_gelutype_enum(approximate);
+  return Fallback::call(keys, self, approximate);
+}
+
+template <class Fallback>
+at::Tensor gelu_backward_as_cuda(c10::DispatchKeySet keys, const at::Tensor& grad_output, const at::Tensor& self,
+    c10::string_view approximate) {
+  at::native::get_gelutype_enum(approximate);
+  return Fallback::call(keys, grad_output, self, approximate);
+}
+
 // The hottest routed ops, by name; see Note [Unboxed fallback kernels].
 const std::unordered_map<std::string, UnboxedKernel>& unboxed_kernels() {
   namespace ops = at::_ops;
@@ -399,8 +417,14 @@ const std::unordered_map<std::string, UnboxedKernel>& unboxed_kernels() {
           unboxed<ops::sigmoid_backward, ops::sigmoid_backward_grad_input, NPUSIM_META(sigmoid_backward)>()},
       {"aten::tanh", unboxed<ops::tanh, ops::tanh_out, NPUSIM_META(tanh)>()},
       {"aten::tanh_backward", unboxed<ops::tanh_backward, ops::tanh_backward_grad_input, NPUSIM_META(tanh_backward)>()},
-      {"aten::gelu", unboxed<ops::gelu, ops::gelu_out, NPUSIM_META(gelu)>()},
-      {"aten::gelu_backward", unboxed<ops::gelu_backward, ops::gelu_backward_grad_input, NPUSIM_META(gelu_backward)>()},
+      {"aten::gelu", UnboxedKernel{[] {
+         using Fallback = UnboxedFallback<ops::gelu, ops::gelu_out, NPUSIM_META(gelu)>;
+         return torch::CppFunction(TORCH_FN((&gelu_as_cuda<Fallback>)));
+       }, false}},
+      {"aten::gelu_backward", UnboxedKernel{[] {
+         using Fallback = UnboxedFallback<ops::gelu_backward, ops::gelu_backward_grad_input, NPUSIM_META(gelu_backward)>;
+         return torch::CppFunction(TORCH_FN((&gelu_backward_as_cuda<Fallback>)));
+       }, false}},
       {"aten::silu", unboxed<ops::silu, ops::silu_out, NPUSIM_META(silu)>()},
       {"aten::silu_backward", unboxed<ops::silu_backward, ops::silu_backward_grad_input, NPUSIM_META(silu_backward)>()},
       {"aten::threshold_backward",

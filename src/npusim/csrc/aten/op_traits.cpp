@@ -305,6 +305,7 @@ std::unique_ptr<OpTraits> make_traits(const c10::OperatorHandle& op) {
     traits->foreach_unary_out = new c10::OperatorHandle(*out);  // leaked, as the traits are
   }
   traits->functional_out = find_functional_out(op, traits->name);
+  traits->host_check = host_check_of(traits->name);
   const std::string cpu_kernel = cpu_kernel_entry(op);
   if (!returns_only_tensors(schema)) {
     traits->host_only = "returns a host value computed from device data";

@@ -3,6 +3,7 @@
 // errors, whether it must run on the host, and its arguments' uses. See Note [Compute on the stream] (op_launch.cpp).
 #pragma once
 
+#include "host_checks.h"
 #include "op_arguments.h"
 
 #include <ATen/core/dispatch/Dispatcher.h>
@@ -61,6 +62,10 @@ struct OpTraits {
   // A functional op computed by an out= variant's kernel (FunctionalOut);
   // null otherwise. Lives as long as the traits.
   const FunctionalOut* functional_out = nullptr;
+  // Checks the op's CPU kernel makes on its arguments and its Meta kernel
+  // does not, run at a launch that makes the op a stream task (Note
+  // [Argument checks of CPU kernels], host_checks.cpp); null for most ops.
+  HostCheck host_check = nullptr;
   // Per schema argument: how the op uses it, and whether it is a Generator?.
   c10::SmallVector<ArgUse, 8> uses;
   c10::SmallVector<bool, 8> generator;

@@ -3,6 +3,7 @@
 #include "../aten/aten_ops.cpp"
 #include "../aten/compiled_kernel.cpp"
 #include "../aten/cpu_aliases.cpp"
+#include "../aten/host_checks.cpp"
 #include "../aten/op_traits.cpp"
 #include "../aten/launch/meta_cache.cpp"
 #include "../aten/launch/op_task.cpp"

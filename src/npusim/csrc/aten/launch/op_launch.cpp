@@ -167,6 +167,9 @@ bool launch_boxed(const c10::OperatorHandle& op, torch::jit::Stack* stack) {
   if (capture == nullptr && (traits.host_only != nullptr || scan.complex_half || compute_on_the_host_now(scan))) {
     return false;
   }
+  if (traits.host_check != nullptr) {
+    traits.host_check(op, *stack, first);  // Note [Argument checks of CPU kernels]
+  }
   BoxedLaunch launch(op, traits);
   launch.walk(*stack, first);  // the device rules raise here, captured or not
   if (traits.host_only != nullptr) {

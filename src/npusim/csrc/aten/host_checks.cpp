@@ -1,0 +1,229 @@
+// Argument checks of CPU kernels, made at the npu launch: see host_checks.h.
+//
+// Note [Argument checks of CPU kernels]
+// An npu op that becomes a stream task (a large op, any op behind queued
+// work) is checked at launch by its Meta kernel, and its CPU kernel runs
+// later on the stream worker. A check that only the CPU kernel makes then
+// fails inside the task, and the device stays failed for the rest of the
+// process (Note [Errors of asynchronous work]), for a call whose only fault
+// is an argument. CUDA makes these checks on the host before it launches
+// (the same TORCH_CHECKs sit in the host code of its kernels), so the error
+// raises from the call. Running each of PyTorch's OpInfo error inputs on npu
+// behind a busy stream (every op a task) found thirteen ops whose CPU
+// kernels refuse what their Meta kernels let through (index_select.out
+// computed instead, into an output whose elements overlap); the checks below are those
+// CPU kernels' own, in their order and with their messages, so that the call
+// raises what CPU (and CUDA) raise and the device stays usable. Where PyTorch
+// exports the check (get_gelutype_enum, the overlap asserts,
+// zero_numel_check_dims) it is called; the others repeat PyTorch 2.13's
+// TORCH_CHECKs. They look at the arguments' metadata and values only, never
+// at device data, so they cost the launch no wait. Left as CPU's (the task
+// fails): aminmax.out's exact out dtype (structured out= kernels demand it
+// of every op; a general check needs each functional op's dtype rule).
+// tests/test_host_checks.py runs the error inputs of these ops as tasks.
+#include "host_checks.h"
+
+#include <ATen/ATen.h>
+#include <ATen/MemoryOverlap.h>
+#include <ATen/WrapDimUtils.h>
+#include <ATen/native/Gelu.h>
+#include <ATen/native/ReduceOpsUtils.h>
+#include <c10/util/Exception.h>
+
+#include <cstdint>
+#include <string>
+#include <unordered_map>
+
+namespace npusim {
+namespace {
+
+// The argument named `name` of `op` on the stack.
+const c10::IValue& arg(const c10::OperatorHandle& op, const torch::jit::Stack& stack, size_t first,
+    const char* name) {
+  const std::optional<int> index = op.schema().argumentIndexWithName(name);
+  TORCH_INTERNAL_ASSERT(index.has_value(), op.schema().name(), " has no argument ", name);
+  return stack[first + static_cast<size_t>(*index)];
+}
+
+// gelu's approximate argument (the unboxed gelu and gelu_backward check it
+// in fallback_routes.cpp).
+void check_gelu(const c10::OperatorHandle& op, const torch::jit::Stack& stack, size_t first) {
+  at::native::get_gelutype_enum(arg(op, stack, first, "approximate").toStringRef());
+}
+
+// ConvParams' checks at the head of PyTorch's check_shape_forward
+// (Convolution.cpp), which both CPU and CUDA run before any kernel.
+void check_convolution(const c10::OperatorHandle& op, const torch::jit::Stack& stack, size_t first) {
+  const auto any = [&](const char* name, auto pred) {
+    const c10::IValue& v = arg(op, stack, first, name);
+    if (!v.isIntList()) {
+      return false;  // symbolic sizes: a trace, not an npu launch
+    }
+    for (const int64_t x : v.toIntList()) {
+      if (pred(x)) {
+        return true;
+      }
+    }
+    return false;
+  };
+  TORCH_CHECK(!any("padding", [](int64_t x) { return x < 0; }), "negative padding is not supported");
+  TORCH_CHECK(!any("output_padding", [](int64_t x) { return x < 0; }), "negative output_padding is not supported");
+  TORCH_CHECK(!any("stride", [](int64_t x) { return x <= 0; }), "non-positive stride is not supported");
+  TORCH_CHECK(!any("dilation", [](int64_t x) { return x <= 0; }), "dilation should be greater than zero");
+}
+
+// kthvalue_out_impl_cpu's checks (Sorting.cpp).
+void check_kthvalue(const c10::OperatorHandle& op, const torch::jit::Stack& stack, size_t first) {
+  const at::Tensor& self = arg(op, stack, first, "self").toTensor();
+  const c10::IValue& k_value = arg(op, stack, first, "k");
+  if (!k_value.isInt()) {
+    return;
+  }
+  const int64_t k = k_value.toInt();
+  const int64_t dim = at::maybe_wrap_dim(arg(op, stack, first, "dim").toInt(), self.dim(), /*wrap_scalar=*/true);
+  const int64_t slicesize = self.dim() == 0 ? 1 : self.size(dim);
+  at::native::zero_numel_check_dims(self, dim, "kthvalue()");
+  TORCH_CHECK(k >= 1 && k <= slicesize, "kthvalue(): selected number k out of range for dimension ", dim);
+  if (op.schema().overload_name() == "values") {
+    // Before the launch resizes the outputs: values over self would reshape self.
+    at::assert_no_overlap(self, arg(op, stack, first, "values").toTensor());
+  }
+}
+
+// multinomial_out's checks (Distributions.cpp); the functional op's result
+// is a Long tensor it allocates itself.
+void check_multinomial(const c10::OperatorHandle& op, const torch::jit::Stack& stack, size_t first) {
+  const at::Tensor& self = arg(op, stack, first, "self").toTensor();
+  const int64_t n_sample = arg(op, stack, first, "num_samples").toInt();
+  const bool with_replacement = arg(op, stack, first, "replacement").toBool();
+  TORCH_CHECK(self.dim() > 0 && self.dim() <= 2, "prob_dist must be 1 or 2 dim");
+  TORCH_CHECK(at::isFloatingType(self.scalar_type()),
+      "multinomial only supports floating-point dtypes for input, got: ", self.scalar_type());
+  if (op.schema().overload_name() == "out") {
+    const at::ScalarType out = arg(op, stack, first, "out").toTensor().scalar_type();
+    TORCH_CHECK(out == at::ScalarType::Long, "multinomial expects Long tensor out, got: ", out);
+  }
+  TORCH_CHECK(n_sample > 0, "cannot sample n_sample <= 0 samples");
+  const int64_t n_categories = self.size(-1);
+  TORCH_CHECK(with_replacement || (n_sample <= n_categories),
+      "cannot sample n_sample > prob_dist.size(-1) samples without replacement");
+  // As PyTorch: the sampled indices pass through float, exact to 2^24.
+  constexpr int64_t kFloat32MaxConsecutiveInt = int64_t{1} << 24;
+  TORCH_CHECK(n_categories <= kFloat32MaxConsecutiveInt, "number of categories cannot exceed 2^24");
+}
+
+// masked_fill's kernel converts the fill value to the tensor's dtype with
+// Scalar::to, whose checked conversion refuses a value the dtype cannot
+// hold ("value cannot be converted to type float without overflow").
+void check_masked_fill_value(const c10::OperatorHandle& op, const torch::jit::Stack& stack, size_t first) {
+  const at::Tensor& self = arg(op, stack, first, "self").toTensor();
+  const c10::IValue& value = arg(op, stack, first, "value");
+  if (!value.isScalar()) {
+    return;
+  }
+  const c10::Scalar scalar = value.toScalar();
+  switch (self.scalar_type()) {
+#define NPUSIM_CONVERT_TO(type, name) \
+  case at::ScalarType::name:          \
+    (void)scalar.to<type>();          \
+    break;
+    AT_FORALL_SCALAR_TYPES_WITH_COMPLEX(NPUSIM_CONVERT_TO)
+#undef NPUSIM_CONVERT_TO
+    default:
+      break;  // the kernel's own dispatch decides
+  }
+}
+
+// take_out's overlap asserts (TensorAdvancedIndexing.cpp).
+void check_take_out(const c10::OperatorHandle& op, const torch::jit::Stack& stack, size_t first) {
+  const at::Tensor& out = arg(op, stack, first, "out").toTensor();
+  at::assert_no_internal_overlap(out);
+  at::assert_no_overlap(out, arg(op, stack, first, "index").toTensor());
+  at::assert_no_overlap(out, arg(op, stack, first, "self").toTensor());
+}
+
+// index_select_out_cpu_'s overlap asserts (TensorAdvancedIndexing.cpp), which
+// a task cannot make: its out= kernel sees the output as an alias of its own
+// (TaskAliases::own), and wrote an expanded output without complaint.
+void check_index_select_out(const c10::OperatorHandle& op, const torch::jit::Stack& stack, size_t first) {
+  const at::Tensor& out = arg(op, stack, first, "out").toTensor();
+  at::assert_no_internal_overlap(out);
+  at::assert_no_overlap(out, arg(op, stack, first, "self").toTensor());
+  at::assert_no_overlap(out, arg(op, stack, first, "index").toTensor());
+}
+
+// cat's overlap asserts for a given output (TORCH_PRECOMPUTE_META_FUNC(cat),
+// whose Python stand-in on the Meta device leaves them out).
+void check_cat_out(const c10::OperatorHandle& op, const torch::jit::Stack& stack, size_t first) {
+  const at::Tensor& out = arg(op, stack, first, "out").toTensor();
+  const c10::List<at::Tensor> tensors = arg(op, stack, first, "tensors").toTensorList();
+  if (tensors.empty()) {
+    return;
+  }
+  at::assert_no_internal_overlap(out);
+  for (const at::Tensor& t : tensors) {
+    at::assert_no_overlap(out, t);
+  }
+}
+
+// complex_check_dtype (TensorFactories.cpp), which complex.out runs.
+void check_complex_out(const c10::OperatorHandle& op, const torch::jit::Stack& stack, size_t first) {
+  const at::ScalarType a = arg(op, stack, first, "real").toTensor().scalar_type();
+  const at::ScalarType b = arg(op, stack, first, "imag").toTensor().scalar_type();
+  const at::ScalarType out = arg(op, stack, first, "out").toTensor().scalar_type();
+  const auto floating = [](at::ScalarType t) {
+    return t == at::ScalarType::Float || t == at::ScalarType::Double || t == at::ScalarType::Half;
+  };
+  TORCH_CHECK(floating(a) && floating(b), "Expected both inputs to be Half, Float or Double tensors but got ", a,
+      " and ", b);
+  TORCH_CHECK(a == b, "Expected object of scalar type ", a, " but got scalar type ", b, " for second argument");
+  TORCH_CHECK(out == c10::toComplexType(a), "Expected object of scalar type ", c10::toComplexType(a),
+      " but got scalar type ", out, " for argument 'out'");
+}
+
+// masked_scatter_'s mask dtype: its kernel takes bool masks only (a uint8
+// mask, which CPU first warns is deprecated, is refused as well).
+void check_masked_scatter(const c10::OperatorHandle& op, const torch::jit::Stack& stack, size_t first) {
+  const at::ScalarType mask = arg(op, stack, first, "mask").toTensor().scalar_type();
+  TORCH_CHECK(mask == at::ScalarType::Bool, "masked_scatter_ only supports boolean masks, but got mask with dtype ",
+      mask);
+}
+
+// bucketize_out_cpu's check of the boundaries (Bucketization.cpp).
+void check_bucketize(const c10::OperatorHandle& op, const torch::jit::Stack& stack, size_t first) {
+  const at::Tensor& boundaries = arg(op, stack, first, "boundaries").toTensor();
+  TORCH_CHECK(boundaries.dim() == 1, "boundaries tensor must be 1 dimension, but got dim(", boundaries.dim(), ")");
+}
+
+}  // namespace
+
+HostCheck host_check_of(std::string_view full_name) {
+  static const std::unordered_map<std::string_view, HostCheck> checks = {
+      {"aten::gelu_", check_gelu},
+      {"aten::gelu.out", check_gelu},
+      {"aten::gelu_backward.grad_input", check_gelu},
+      {"aten::convolution", check_convolution},
+      {"aten::kthvalue", check_kthvalue},
+      {"aten::kthvalue.values", check_kthvalue},
+      {"aten::multinomial", check_multinomial},
+      {"aten::multinomial.out", check_multinomial},
+      {"aten::masked_fill.Scalar", check_masked_fill_value},
+      {"aten::masked_fill_.Scalar", check_masked_fill_value},
+      {"aten::masked_fill.Scalar_out", check_masked_fill_value},
+      {"aten::take.out", check_take_out},
+      {"aten::index_select.out", check_index_select_out},
+      {"aten::cat.out", check_cat_out},
+      {"aten::complex.out", check_complex_out},
+      {"aten::masked_scatter_", check_masked_scatter},
+      {"aten::masked_scatter", check_masked_scatter},
+      {"aten::masked_scatter.out", check_masked_scatter},
+      {"aten::bucketize.Tensor", check_bucketize},
+      {"aten::bucketize.Tensor_out", check_bucketize},
+      {"aten::bucketize.Scalar", check_bucketize},
+      {"aten::bucketize.Scalar_out", check_bucketize},
+  };
+  const auto it = checks.find(full_name);
+  return it == checks.end() ? nullptr : it->second;
+}
+
+}  // namespace npusim
