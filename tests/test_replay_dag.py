@@ -161,10 +161,14 @@ def test_a_helping_host_keeps_its_intraop_thread_count():
         g, out = _capture(lambda: (x.exp(), x.sin(), x.cos(), x.tanh()))
         assert g.replay_levels() == [4]
         before = _helped()
-        for step in range(20):
+        # At least 20 replays, and on until the host has run tasks of the level (a host the VM puts aside
+        # for a while may find the worker done with them: one CI run of 20 replays had it run none).
+        for step in range(400):
             g.replay()
             torch.npu.synchronize()
             assert torch.get_num_threads() == cores, f"replay {step}"
+            if step >= 19 and _helped() > before:
+                break
         assert _helped() > before, "the premise: the host ran tasks of the level"
         torch.testing.assert_close(out[3].cpu(), x.cpu().tanh())
     finally:

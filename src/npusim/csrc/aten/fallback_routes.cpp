@@ -422,7 +422,8 @@ const std::unordered_map<std::string, UnboxedKernel>& unboxed_kernels() {
          return torch::CppFunction(TORCH_FN((&gelu_as_cuda<Fallback>)));
        }, false}},
       {"aten::gelu_backward", UnboxedKernel{[] {
-         using Fallback = UnboxedFallback<ops::gelu_backward, ops::gelu_backward_grad_input, NPUSIM_META(gelu_backward)>;
+         using Fallback =
+             UnboxedFallback<ops::gelu_backward, ops::gelu_backward_grad_input, NPUSIM_META(gelu_backward)>;
          return torch::CppFunction(TORCH_FN((&gelu_backward_as_cuda<Fallback>)));
        }, false}},
       {"aten::silu", unboxed<ops::silu, ops::silu_out, NPUSIM_META(silu)>()},

@@ -52,7 +52,7 @@ void check_gelu(const c10::OperatorHandle& op, const torch::jit::Stack& stack, s
 }
 
 // ConvParams' checks at the head of PyTorch's check_shape_forward
-// (Convolution.cpp), which both CPU and CUDA run before any kernel.
+// (ATen/native/Convolution.cpp), which both CPU and CUDA run before any kernel.
 void check_convolution(const c10::OperatorHandle& op, const torch::jit::Stack& stack, size_t first) {
   const auto any = [&](const char* name, auto pred) {
     const c10::IValue& v = arg(op, stack, first, name);
@@ -72,7 +72,7 @@ void check_convolution(const c10::OperatorHandle& op, const torch::jit::Stack& s
   TORCH_CHECK(!any("dilation", [](int64_t x) { return x <= 0; }), "dilation should be greater than zero");
 }
 
-// kthvalue_out_impl_cpu's checks (Sorting.cpp).
+// kthvalue_out_impl_cpu's checks (ATen/native/Sorting.cpp).
 void check_kthvalue(const c10::OperatorHandle& op, const torch::jit::Stack& stack, size_t first) {
   const at::Tensor& self = arg(op, stack, first, "self").toTensor();
   const c10::IValue& k_value = arg(op, stack, first, "k");
@@ -90,8 +90,8 @@ void check_kthvalue(const c10::OperatorHandle& op, const torch::jit::Stack& stac
   }
 }
 
-// multinomial_out's checks (Distributions.cpp); the functional op's result
-// is a Long tensor it allocates itself.
+// multinomial_out's checks (ATen/native/Distributions.cpp); the functional
+// op's result is a Long tensor it allocates itself.
 void check_multinomial(const c10::OperatorHandle& op, const torch::jit::Stack& stack, size_t first) {
   const at::Tensor& self = arg(op, stack, first, "self").toTensor();
   const int64_t n_sample = arg(op, stack, first, "num_samples").toInt();
@@ -134,7 +134,7 @@ void check_masked_fill_value(const c10::OperatorHandle& op, const torch::jit::St
   }
 }
 
-// take_out's overlap asserts (TensorAdvancedIndexing.cpp).
+// take_out's overlap asserts (ATen/native/TensorAdvancedIndexing.cpp).
 void check_take_out(const c10::OperatorHandle& op, const torch::jit::Stack& stack, size_t first) {
   const at::Tensor& out = arg(op, stack, first, "out").toTensor();
   at::assert_no_internal_overlap(out);
@@ -142,9 +142,10 @@ void check_take_out(const c10::OperatorHandle& op, const torch::jit::Stack& stac
   at::assert_no_overlap(out, arg(op, stack, first, "self").toTensor());
 }
 
-// index_select_out_cpu_'s overlap asserts (TensorAdvancedIndexing.cpp), which
-// a task cannot make: its out= kernel sees the output as an alias of its own
-// (TaskAliases::own), and wrote an expanded output without complaint.
+// index_select_out_cpu_'s overlap asserts
+// (ATen/native/TensorAdvancedIndexing.cpp), which a task cannot make: its
+// out= kernel sees the output as an alias of its own (TaskAliases::own), and
+// wrote an expanded output without complaint.
 void check_index_select_out(const c10::OperatorHandle& op, const torch::jit::Stack& stack, size_t first) {
   const at::Tensor& out = arg(op, stack, first, "out").toTensor();
   at::assert_no_internal_overlap(out);
@@ -166,7 +167,7 @@ void check_cat_out(const c10::OperatorHandle& op, const torch::jit::Stack& stack
   }
 }
 
-// complex_check_dtype (TensorFactories.cpp), which complex.out runs.
+// complex_check_dtype (ATen/native/TensorFactories.cpp), which complex.out runs.
 void check_complex_out(const c10::OperatorHandle& op, const torch::jit::Stack& stack, size_t first) {
   const at::ScalarType a = arg(op, stack, first, "real").toTensor().scalar_type();
   const at::ScalarType b = arg(op, stack, first, "imag").toTensor().scalar_type();
@@ -189,7 +190,7 @@ void check_masked_scatter(const c10::OperatorHandle& op, const torch::jit::Stack
       mask);
 }
 
-// bucketize_out_cpu's check of the boundaries (Bucketization.cpp).
+// bucketize_out_cpu's check of the boundaries (ATen/native/Bucketization.cpp).
 void check_bucketize(const c10::OperatorHandle& op, const torch::jit::Stack& stack, size_t first) {
   const at::Tensor& boundaries = arg(op, stack, first, "boundaries").toTensor();
   TORCH_CHECK(boundaries.dim() == 1, "boundaries tensor must be 1 dimension, but got dim(", boundaries.dim(), ")");
