@@ -9,10 +9,11 @@
 // is an argument. CUDA makes these checks on the host before it launches
 // (the same TORCH_CHECKs sit in the host code of its kernels), so the error
 // raises from the call. Running each of PyTorch's OpInfo error inputs on npu
-// behind a busy stream (every op a task) found thirteen ops whose CPU
-// kernels refuse what their Meta kernels let through (index_select.out
-// computed instead, into an output whose elements overlap); the checks below are those
-// CPU kernels' own, in their order and with their messages, so that the call
+// behind a busy stream (every op a task) found eleven aten ops whose CPU
+// kernels refuse what their Meta kernels let through, the device failing on
+// 21 inputs, and one, index_select.out, that computed into an output whose
+// elements overlap, where CPU refuses. The checks below are those CPU
+// kernels' own, in their order and with their messages, so that the call
 // raises what CPU (and CUDA) raise and the device stays usable. Where PyTorch
 // exports the check (get_gelutype_enum, the overlap asserts,
 // zero_numel_check_dims) it is called; the others repeat PyTorch 2.13's
@@ -94,7 +95,11 @@ void check_kthvalue(const c10::OperatorHandle& op, const torch::jit::Stack& stac
 // op's result is a Long tensor it allocates itself.
 void check_multinomial(const c10::OperatorHandle& op, const torch::jit::Stack& stack, size_t first) {
   const at::Tensor& self = arg(op, stack, first, "self").toTensor();
-  const int64_t n_sample = arg(op, stack, first, "num_samples").toInt();
+  const c10::IValue& num_samples = arg(op, stack, first, "num_samples");
+  if (!num_samples.isInt()) {
+    return;  // a symbolic count: a trace, not an npu launch
+  }
+  const int64_t n_sample = num_samples.toInt();
   const bool with_replacement = arg(op, stack, first, "replacement").toBool();
   TORCH_CHECK(self.dim() > 0 && self.dim() <= 2, "prob_dist must be 1 or 2 dim");
   TORCH_CHECK(at::isFloatingType(self.scalar_type()),
