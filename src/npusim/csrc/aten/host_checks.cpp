@@ -18,10 +18,11 @@
 // exports the check (get_gelutype_enum, the overlap asserts,
 // zero_numel_check_dims) it is called; the others repeat PyTorch 2.13's
 // TORCH_CHECKs. They look at the arguments' metadata and values only, never
-// at device data, so they cost the launch no wait. Left as CPU's (the task
-// fails): aminmax.out's exact out dtype (structured out= kernels demand it
-// of every op; a general check needs each functional op's dtype rule).
-// tests/test_host_checks.py runs the error inputs of these ops as tasks.
+// at device data, so they cost the launch no wait. aminmax.out's is one case
+// of a general rule, that a structured out= kernel takes outputs of its
+// computed dtype only; other structured ops' Python Meta kernels may let a
+// castable output dtype through as well, which OpInfo's error inputs do not
+// try. tests/test_host_checks.py runs the error inputs of these ops as tasks.
 #include "host_checks.h"
 
 #include <ATen/ATen.h>
@@ -187,6 +188,17 @@ void check_complex_out(const c10::OperatorHandle& op, const torch::jit::Stack& s
       " but got scalar type ", out, " for argument 'out'");
 }
 
+// aminmax.out's outputs take self's dtype exactly: its structured kernel's
+// resize_out refuses any other (the Python Meta kernel copies into a dtype
+// it can cast to). min is checked before max, as the kernel sets them.
+void check_aminmax_out(const c10::OperatorHandle& op, const torch::jit::Stack& stack, size_t first) {
+  const caffe2::TypeMeta dtype = arg(op, stack, first, "self").toTensor().dtype();
+  for (const char* name : {"min", "max"}) {
+    const caffe2::TypeMeta out = arg(op, stack, first, name).toTensor().dtype();
+    TORCH_CHECK(out == dtype, "Expected out tensor to have dtype ", dtype, ", but got ", out, " instead");
+  }
+}
+
 // masked_scatter_'s mask dtype: its kernel takes bool masks only (a uint8
 // mask, which CPU first warns is deprecated, is refused as well).
 void check_masked_scatter(const c10::OperatorHandle& op, const torch::jit::Stack& stack, size_t first) {
@@ -220,6 +232,7 @@ HostCheck host_check_of(std::string_view full_name) {
       {"aten::index_select.out", check_index_select_out},
       {"aten::cat.out", check_cat_out},
       {"aten::complex.out", check_complex_out},
+      {"aten::aminmax.out", check_aminmax_out},
       {"aten::masked_scatter_", check_masked_scatter},
       {"aten::masked_scatter", check_masked_scatter},
       {"aten::masked_scatter.out", check_masked_scatter},
