@@ -4,9 +4,6 @@
 #include "fallback.h"
 #include "../runtime/npu_type.h"
 
-#include <ATen/native/BinaryOps.h>
-
-#include <algorithm>
 #include <string_view>
 
 namespace npusim {
@@ -71,43 +68,10 @@ bool on_one_npu(const torch::jit::Stack& stack, size_t first) {
   return device >= 0;
 }
 
-// torch.sub's refusal of bool operands, which CUDA's foreach sub kernels
-// check on the host before they launch (sub_check on each pair, as the
-// per-tensor sub does): the Meta kernels of the foreach ops do not, so as a
-// task the CPU composite's refusal failed the device. Other foreach ops'
-// arguments are checked by their Meta kernels at launch.
-void check_foreach_sub(const c10::OperatorHandle& op, const torch::jit::Stack& stack, size_t first) {
-  if (op.operator_name().name.rfind("aten::_foreach_sub", 0) != 0 || !stack[first].isTensorList()) {
-    return;
-  }
-  const c10::List<at::Tensor> tensors = stack[first].toTensorList();
-  const c10::IValue& other = stack[first + 1];  // a Tensor[], a Tensor, a Scalar or a Scalar[]
-  if (other.isTensorList()) {
-    const c10::List<at::Tensor> others = other.toTensorList();
-    for (size_t i = 0; i < std::min(tensors.size(), others.size()); ++i) {
-      at::native::sub_check(tensors[i], others[i]);
-    }
-  } else if (other.isTensor()) {
-    for (const at::Tensor& self : tensors) {
-      at::native::sub_check(self, other.toTensor());
-    }
-  } else if (other.isScalar()) {
-    for (const at::Tensor& self : tensors) {
-      at::native::sub_check(self, other.toScalar());
-    }
-  } else if (other.isList()) {
-    const c10::List<c10::IValue> scalars = other.toList();
-    for (size_t i = 0; i < std::min(tensors.size(), scalars.size()); ++i) {
-      at::native::sub_check(tensors[i], scalars.get(i).toScalar());
-    }
-  }
-}
-
 }  // namespace
 
 void foreach_launch(const c10::OperatorHandle& op, c10::DispatchKeySet, torch::jit::Stack* stack) {
   const size_t first = stack->size() - op.schema().arguments().size();
-  check_foreach_sub(op, *stack, first);
   if (on_one_npu(*stack, first)) {
     npu_fallback(op, stack);
     return;

@@ -22,16 +22,19 @@
 // of a general rule, that a structured out= kernel takes outputs of its
 // computed dtype only; other structured ops' Python Meta kernels may let a
 // castable output dtype through as well, which OpInfo's error inputs do not
-// try. tests/test_host_checks.py runs the error inputs of these ops as tasks.
+// try. foreach sub's check, made here too, came first (a sub of bools).
+// tests/test_host_checks.py runs the error inputs of these ops as tasks.
 #include "host_checks.h"
 
 #include <ATen/ATen.h>
 #include <ATen/MemoryOverlap.h>
 #include <ATen/WrapDimUtils.h>
+#include <ATen/native/BinaryOps.h>
 #include <ATen/native/Gelu.h>
 #include <ATen/native/ReduceOpsUtils.h>
 #include <c10/util/Exception.h>
 
+#include <algorithm>
 #include <cstdint>
 #include <string>
 #include <unordered_map>
@@ -140,19 +143,13 @@ void check_masked_fill_value(const c10::OperatorHandle& op, const torch::jit::St
   }
 }
 
-// take_out's overlap asserts (ATen/native/TensorAdvancedIndexing.cpp).
-void check_take_out(const c10::OperatorHandle& op, const torch::jit::Stack& stack, size_t first) {
-  const at::Tensor& out = arg(op, stack, first, "out").toTensor();
-  at::assert_no_internal_overlap(out);
-  at::assert_no_overlap(out, arg(op, stack, first, "index").toTensor());
-  at::assert_no_overlap(out, arg(op, stack, first, "self").toTensor());
-}
-
-// index_select_out_cpu_'s overlap asserts
-// (ATen/native/TensorAdvancedIndexing.cpp), which a task cannot make: its
-// out= kernel sees the output as an alias of its own (TaskAliases::own), and
-// wrote an expanded output without complaint.
-void check_index_select_out(const c10::OperatorHandle& op, const torch::jit::Stack& stack, size_t first) {
+// The overlap asserts of take_out and index_select_out_cpu_
+// (ATen/native/TensorAdvancedIndexing.cpp): `out` has no element twice and
+// shares no memory with `self` or `index`. A task cannot make them: its out=
+// kernel sees the output as an alias of its own (TaskAliases::own), and
+// index_select wrote an expanded output without complaint. (Either order of
+// the two inputs raises the same message.)
+void check_out_apart_from_inputs(const c10::OperatorHandle& op, const torch::jit::Stack& stack, size_t first) {
   const at::Tensor& out = arg(op, stack, first, "out").toTensor();
   at::assert_no_internal_overlap(out);
   at::assert_no_overlap(out, arg(op, stack, first, "self").toTensor());
@@ -199,6 +196,38 @@ void check_aminmax_out(const c10::OperatorHandle& op, const torch::jit::Stack& s
   }
 }
 
+// torch.sub's refusal of bool operands, which CUDA's foreach sub kernels
+// check on the host before they launch (sub_check on each pair, as the
+// per-tensor sub does): the Meta kernels of the foreach ops do not, so as a
+// task the CPU composite's refusal failed the device. Other foreach ops'
+// arguments are checked by their Meta kernels at launch.
+void check_foreach_sub(const c10::OperatorHandle& op, const torch::jit::Stack& stack, size_t first) {
+  if (!stack[first].isTensorList()) {
+    return;
+  }
+  const c10::List<at::Tensor> tensors = stack[first].toTensorList();
+  const c10::IValue& other = stack[first + 1];  // a Tensor[], a Tensor, a Scalar or a Scalar[]
+  if (other.isTensorList()) {
+    const c10::List<at::Tensor> others = other.toTensorList();
+    for (size_t i = 0; i < std::min(tensors.size(), others.size()); ++i) {
+      at::native::sub_check(tensors[i], others[i]);
+    }
+  } else if (other.isTensor()) {
+    for (const at::Tensor& self : tensors) {
+      at::native::sub_check(self, other.toTensor());
+    }
+  } else if (other.isScalar()) {
+    for (const at::Tensor& self : tensors) {
+      at::native::sub_check(self, other.toScalar());
+    }
+  } else if (other.isList()) {
+    const c10::List<c10::IValue> scalars = other.toList();
+    for (size_t i = 0; i < std::min(tensors.size(), scalars.size()); ++i) {
+      at::native::sub_check(tensors[i], scalars.get(i).toScalar());
+    }
+  }
+}
+
 // masked_scatter_'s mask dtype: its kernel takes bool masks only (a uint8
 // mask, which CPU first warns is deprecated, is refused as well).
 void check_masked_scatter(const c10::OperatorHandle& op, const torch::jit::Stack& stack, size_t first) {
@@ -228,8 +257,8 @@ HostCheck host_check_of(std::string_view full_name) {
       {"aten::masked_fill.Scalar", check_masked_fill_value},
       {"aten::masked_fill_.Scalar", check_masked_fill_value},
       {"aten::masked_fill.Scalar_out", check_masked_fill_value},
-      {"aten::take.out", check_take_out},
-      {"aten::index_select.out", check_index_select_out},
+      {"aten::take.out", check_out_apart_from_inputs},
+      {"aten::index_select.out", check_out_apart_from_inputs},
       {"aten::cat.out", check_cat_out},
       {"aten::complex.out", check_complex_out},
       {"aten::aminmax.out", check_aminmax_out},
@@ -241,6 +270,10 @@ HostCheck host_check_of(std::string_view full_name) {
       {"aten::bucketize.Scalar", check_bucketize},
       {"aten::bucketize.Scalar_out", check_bucketize},
   };
+  // Every overload of _foreach_sub and _foreach_sub_ (List, Scalar, ScalarList and their outs).
+  if (full_name.rfind("aten::_foreach_sub.", 0) == 0 || full_name.rfind("aten::_foreach_sub_.", 0) == 0) {
+    return check_foreach_sub;
+  }
   const auto it = checks.find(full_name);
   return it == checks.end() ? nullptr : it->second;
 }
