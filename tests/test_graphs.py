@@ -161,6 +161,103 @@ def test_graphed_callable_refuses_other_arguments_than_its_samples() -> None:
     assert torch.equal(graphed(x).cpu(), _mlp().cpu()(x.cpu()))  # later calls work
 
 
+class _TwoHeads(nn.Module):
+    def __init__(self) -> None:
+        super().__init__()
+        torch.manual_seed(0)
+        self.a, self.b = nn.Linear(16, 8), nn.Linear(16, 8)
+
+    def forward(self, x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        return self.a(x), self.b(x)
+
+
+def test_graphed_callable_gives_an_unused_output_a_zero_gradient() -> None:
+    """An output the loss leaves out gets a zero gradient in the backward replay, as autograd.Function's
+    materialized zeros: not the gradient a previous step left in the static buffer."""
+    eager = _TwoHeads().to("npu")
+    graphed = torch.npu.make_graphed_callables(copy.deepcopy(eager), (torch.randn(4, 16, device="npu"),))
+    x = torch.randn(4, 16, device="npu")
+    for loss_of in (lambda a, b: (a * b).sum(), lambda a, b: a.square().sum()):
+        grads = []
+        for model in (eager, graphed):
+            model.zero_grad(set_to_none=True)
+            loss_of(*model(x)).backward()
+            grads.append([torch.zeros_like(p) if p.grad is None else p.grad for p in model.parameters()])
+        for e, g in zip(*grads, strict=True):
+            torch.testing.assert_close(g.cpu(), e.cpu())
+
+
+def test_graphed_callable_node_is_differentiable_once() -> None:
+    """The step's node is GraphedBackward; its input gradients equal eager's, and differentiating them again
+    raises @once_differentiable's error."""
+    eager = _mlp()
+    graphed = torch.npu.make_graphed_callables(copy.deepcopy(eager), (torch.randn(4, 16, device="npu",
+                                                                                 requires_grad=True),))
+    x = torch.randn(4, 16, device="npu", requires_grad=True)
+    y = graphed(x)
+    assert y.grad_fn.name() == "GraphedBackward"
+    (gx,) = torch.autograd.grad(y.square().sum(), x, create_graph=True)
+    (ex,) = torch.autograd.grad(eager(x).square().sum(), x)
+    torch.testing.assert_close(gx.cpu(), ex.cpu())
+    with pytest.raises(RuntimeError, match="trying to differentiate twice a function that was marked with "
+                                           "@once_differentiable"):
+        gx.sum().backward()
+
+
+def test_an_error_in_a_graphed_backward_reaches_the_caller_as_itself() -> None:
+    """The step's node runs the backward in Python on autograd's thread: its exception is backward()'s."""
+    sample = torch.randn(4, 16, device="npu", requires_grad=True)
+    graphed = torch.npu.make_graphed_callables(lambda t: t * 2, (sample,))
+    captured = dict(zip(graphed.__code__.co_freevars, (c.cell_contents for c in graphed.__closure__),
+                        strict=True))["captured"]
+    y = graphed(torch.randn(4, 16, device="npu", requires_grad=True))
+    captured.bwd.reset()
+    with pytest.raises(RuntimeError, match="has not been captured"):
+        y.sum().backward()
+
+
+def test_graphed_callable_outputs_without_grad_mode_and_of_integer_dtype() -> None:
+    """Under no_grad a graphed callable's outputs have no node; an integer output never requires grad, while
+    the floating one beside it does and its gradient reaches the input."""
+    torch.manual_seed(0)
+    lin = nn.Linear(16, 8).to("npu")
+
+    def scores_and_best(t: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        y = lin(t)
+        return y, y.argmax(dim=1)
+
+    graphed = torch.npu.make_graphed_callables(scores_and_best, (torch.randn(4, 16, device="npu",
+                                                                             requires_grad=True),))
+    x = torch.randn(4, 16, device="npu", requires_grad=True)
+    with torch.no_grad():
+        y, best = graphed(x)
+    assert y.grad_fn is None and not y.requires_grad
+    y, best = graphed(x)
+    assert y.requires_grad and not best.requires_grad and best.dtype == torch.int64
+    assert torch.equal(best.cpu(), lin(x).argmax(dim=1).cpu())
+    y.sum().backward()
+    torch.testing.assert_close(x.grad.cpu(), lin.weight.sum(0).expand(4, 16).detach().cpu())
+
+
+def test_graphed_callable_refuses_tangents_and_functorch_transforms() -> None:
+    """A graphed callable has no jvp and replays fixed tensors: a dual input and a call inside vmap are
+    clear errors, and the graph's static input is left as it was."""
+    sample = torch.randn(4, 16, device="npu", requires_grad=True)
+    graphed = torch.npu.make_graphed_callables(_mlp(), (sample,))
+    before = sample.detach().cpu()
+    x = torch.randn(4, 16, device="npu")
+    import torch.autograd.forward_ad as fwad
+
+    with fwad.dual_level():
+        dual = fwad.make_dual(x, torch.ones_like(x))
+        with pytest.raises(RuntimeError, match="has no forward-mode AD formula, but input 0 has a tangent"):
+            graphed(dual)
+    with pytest.raises(RuntimeError, match="cannot run inside a functorch transform"):
+        torch.func.vmap(graphed)(torch.randn(2, 4, 16, device="npu"))
+    torch.npu.synchronize()
+    assert torch.equal(sample.detach().cpu(), before)
+
+
 @pytest.mark.parametrize("call", [
     pytest.param(lambda t: torch.npu.synchronize(), id="synchronize"),
     pytest.param(lambda t: torch.npu.current_stream().synchronize(), id="stream-synchronize"),

@@ -205,6 +205,10 @@ box_muller_mismatches: Callable[[str, str], tuple[int, int] | None] = C.box_mull
 # A capture of the current stream: capture_begin(pool, mode), capture_end(), replay(), reset(), pool().
 NpuGraph: Any = C.NpuGraph
 graph_pool_handle: Callable[[], tuple[int, int]] = C.graph_pool_handle
+# A make_graphed_callables step: GraphedStep(forward_graph, static_inputs, params, static_outputs, backward),
+# called with the user's input tensors: copies the new ones in, replays, and returns the outputs tied to one
+# autograd node whose backward calls backward(*grads) (Note [A graphed step without autograd.Function]).
+GraphedStep: Any = C.GraphedStep
 # (stream_id, device): True while a graph captures that stream.
 stream_is_capturing: Callable[[int, int], bool] = C.stream_is_capturing
 # The npu graph trees' outputs: each npu tensor's geometry over a new storage that aliases its memory and

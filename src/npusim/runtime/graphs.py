@@ -30,6 +30,7 @@ from collections.abc import Callable, Sequence
 from typing import Any
 
 import torch
+from torch._functorch import utils as _functorch_utils
 from torch.utils import _pytree as pytree
 
 from npusim.runtime import acl
@@ -254,46 +255,41 @@ class _Captured:
         # nodes, created on the capture stream, which eager backward would reuse.
         self.outputs = tuple(o.detach() for o in self.outputs)
 
+    def backward(self, *grads: torch.Tensor | None) -> tuple[torch.Tensor | None, ...]:
+        """One gradient (or None) per input for the outputs' ``grads``: the step's node calls it on autograd's
+        thread with grad mode off (Note [A graphed step without autograd.Function])."""
+        for static, grad in zip(self.grad_outputs, grads, strict=True):
+            if static is None:
+                continue
+            if grad is None:
+                static.zero_()  # autograd.Function materializes a missing gradient as zeros
+            elif static.data_ptr() != grad.data_ptr():
+                static.copy_(grad)
+        self.bwd.replay()
+        return tuple(g.detach() if g is not None else None for g in self.grad_inputs)
+
     def function(self) -> Callable[..., Any]:
         captured = self
-
-        class Graphed(torch.autograd.Function):
-            @staticmethod
-            def forward(ctx: Any, *inputs: torch.Tensor) -> tuple[torch.Tensor, ...]:
-                # graphed() has copied the inputs and enqueued the replay: this node only ties the
-                # static outputs to the inputs for autograd.
-                return tuple(o.detach() for o in captured.outputs)
-
-            @staticmethod
-            @torch.autograd.function.once_differentiable
-            def backward(ctx: Any, *grads: torch.Tensor) -> tuple[torch.Tensor | None, ...]:
-                for static, grad in zip(captured.grad_outputs, grads, strict=True):
-                    if static is not None and grad is not None and static.data_ptr() != grad.data_ptr():
-                        static.copy_(grad)
-                captured.bwd.replay()
-                return tuple(g.detach() if g is not None else None for g in captured.grad_inputs)
+        # The copies, the forward replay and the autograd node in one call: Note [A graphed step without
+        # autograd.Function]. Only user arguments can be new tensors; parameters are the captured ones.
+        step = acl.GraphedStep(self.fwd, list(self.user_inputs), list(self.params), list(self.outputs),
+                               self.backward)
+        one_output = self.out_spec is not None and self.out_spec.is_leaf()
+        user_count = len(self.user_inputs)
 
         def graphed(*user_args: Any) -> Any:
             # Tensors only (the common call) are their own leaves: no pytree walk per step.
             flat = user_args if all(type(a) is torch.Tensor for a in user_args) else tuple(
                 pytree.arg_tree_leaves(*user_args))
-            # The replay is enqueued before the autograd node is built, so that the device starts on it
-            # while Function.apply runs (its Python costs 10-20 us a step). Only user arguments can be
-            # new tensors; parameters are the captured ones.
-            if len(flat) != len(captured.user_inputs):
-                raise TypeError(f"a callable of make_graphed_callables takes the {len(captured.user_inputs)} "
+            if len(flat) != user_count:
+                raise TypeError(f"a callable of make_graphed_callables takes the {user_count} "
                                 f"tensors of its sample_args, got {len(flat)}")
-            grad_enabled = torch.is_grad_enabled()
-            torch._C._set_grad_enabled(False)  # as inside Function.forward; torch.no_grad() costs a us more
-            try:
-                for static, new in zip(captured.user_inputs, flat, strict=True):
-                    if static.data_ptr() != new.data_ptr():
-                        static.copy_(new)
-            finally:
-                torch._C._set_grad_enabled(grad_enabled)
-            captured.fwd.replay()
-            out = Graphed.apply(*(flat + captured.params))
-            return pytree.tree_unflatten(list(out), captured.out_spec)
+            if torch._C._are_functorch_transforms_active():
+                raise RuntimeError("make_graphed_callables: a graphed callable cannot run inside a functorch "
+                                   "transform (vmap, grad, jvp, ...): its graphs replay fixed tensors")
+            outputs = step(_functorch_utils.unwrap_dead_wrappers(flat))
+            _notify("replay", captured.fwd)
+            return outputs[0] if one_output else pytree.tree_unflatten(outputs, captured.out_spec)
 
         return graphed
 

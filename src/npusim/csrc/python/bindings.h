@@ -12,6 +12,7 @@ void init_runtime_bindings(pybind11::module& m);
 void init_memory_bindings(pybind11::module& m);
 void init_observer_bindings(pybind11::module& m);
 void init_graph_bindings(pybind11::module& m);
+void init_graphed_bindings(pybind11::module& m);
 void init_ops_bindings(pybind11::module& m);
 
 }  // namespace npusim

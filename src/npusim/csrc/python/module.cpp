@@ -7,5 +7,6 @@ PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
   npusim::init_memory_bindings(m);
   npusim::init_observer_bindings(m);
   npusim::init_graph_bindings(m);
+  npusim::init_graphed_bindings(m);
   npusim::init_ops_bindings(m);
 }

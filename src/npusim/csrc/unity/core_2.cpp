@@ -26,4 +26,5 @@
 #include "../graph/replay_dag.cpp"
 #include "../graph/graph.cpp"
 #include "../python/graph_bindings.cpp"
+#include "../python/graphed_bindings.cpp"
 #include "../python/ops_bindings.cpp"
