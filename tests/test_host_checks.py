@@ -1,17 +1,20 @@
 """PyTorch's OpInfo error inputs on npu with every call a stream task (queued behind a busy stream): each error
 raises from the call, as CUDA's host checks raise it, and no call fails the device (Note [Argument checks of CPU
 kernels] in csrc/aten/host_checks.cpp). Where npusim makes a CPU kernel's check at the launch, the message is
-CPU's own."""
+CPU's own. So for out= tensors of another dtype than the op's result (Note [out= tensors of another dtype] in
+csrc/aten/launch/op_launch.cpp)."""
 
 from __future__ import annotations
 
 import re
 import warnings
 from collections.abc import Iterator
+from typing import Any
 
 import pytest
 import torch
 from torch.testing._internal.common_methods_invocations import op_db
+from torch.utils._pytree import tree_map
 
 from npusim.testing.device_failures import clear_device_failures
 
@@ -95,3 +98,82 @@ def test_launch_checks_raise_cpus_errors(name: str) -> None:
         compared += 1
     assert compared > 0
     assert torch.equal((torch.ones(4, device="npu") * 2).cpu(), torch.full((4,), 2.0))  # the device works on
+
+
+# out= tensors of these dtypes for float32 samples: wider, narrower, and of another kind.
+OUT_DTYPES = (torch.float64, torch.float16, torch.int64)
+# Random ops draw other numbers on npu (Philox) than on CPU, and their errors name npu's kernels.
+RANDOM = ("normal", "bernoulli", "multinomial")
+
+
+def _outs_like(result: Any, dtype: torch.dtype) -> Any:
+    """Zeroed out= tensors for `result`: floating ones of `dtype`, integer ones (indices) of their own."""
+    def one(t: torch.Tensor) -> torch.Tensor:
+        floating = t.dtype.is_floating_point or t.dtype.is_complex
+        return torch.zeros(t.shape, dtype=dtype if floating else t.dtype)
+    if isinstance(result, torch.Tensor):
+        return one(result)
+    if isinstance(result, tuple) and all(isinstance(t, torch.Tensor) for t in result):
+        return tuple(one(t) for t in result)
+    return None
+
+
+def _call_out(op, sample, out: Any) -> Exception | None:  # noqa: ANN001
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        try:
+            op(sample.input, *sample.args, out=out, **sample.kwargs)
+        except Exception as e:  # noqa: BLE001  (CPU's error, whatever its type)
+            return e
+    return None
+
+
+def test_out_of_another_dtype_raises_or_casts_as_on_cpu() -> None:
+    """Every out= op of op_db, its first float32 sample, with out= tensors of another dtype, queued as a stream
+    task: it raises CPU's error from the call or writes CPU's values, and never fails the device (before, 339
+    such calls over 60 ops failed it: softmax, cumsum, amax, sort, index_select, tril, linalg.solve, ...)."""
+    to_npu = lambda t: t.to("npu") if isinstance(t, torch.Tensor) else t  # noqa: E731
+    device_failures, mismatches = [], []
+    refused = written = 0
+    for op in op_db:
+        if not op.supports_out:
+            continue
+        sample = next(iter(op.sample_inputs("cpu", torch.float32)), None)
+        if sample is None or not isinstance(sample.input, torch.Tensor) or sample.input.layout != torch.strided:
+            continue  # sparse samples: npu tensors are strided
+        try:
+            result = op(sample.input, *sample.args, **sample.kwargs)
+        except Exception:  # noqa: BLE001, S112  (a sample CPU itself refuses without out=)
+            continue
+        for dtype in OUT_DTYPES:
+            cpu_out = _outs_like(result, dtype)
+            if cpu_out is None:
+                continue
+            want = _call_out(op, sample, cpu_out)
+            npu_out = tree_map(to_npu, cpu_out)
+            torch.npu._sleep(BUSY_CYCLES)
+            got = _call_out(op, sample.transform(to_npu), npu_out)
+            failed = ""
+            try:
+                torch.npu.synchronize()
+            except RuntimeError as e:
+                failed = str(e)
+            left = clear_device_failures()
+            where = f"{op.name} {op.variant_test_name} out={dtype}"
+            if failed or left:
+                device_failures.append(f"{where}: {(failed or str(left))[:200]}")
+            elif (want is None) != (got is None):
+                mismatches.append(f"{where}: CPU {want!r}, npu {got!r}")
+            elif want is not None:
+                refused += 1
+                if type(want) is not type(got) or (op.name not in RANDOM and
+                                                   str(want).splitlines()[0] != str(got).splitlines()[0]):
+                    mismatches.append(f"{where}: CPU {want!r}, npu {got!r}")
+            else:
+                written += 1
+                if op.name not in RANDOM:
+                    torch.testing.assert_close(tree_map(lambda t: t.cpu(), npu_out), cpu_out, equal_nan=True,
+                                               atol=1e-3, rtol=1e-3, msg=lambda m, w=where: f"{w}: {m}")
+    assert refused > 300 and written > 200, (refused, written)  # the sweep ran over op_db's out= ops
+    assert device_failures == [], "\n".join(device_failures)
+    assert mismatches == [], "\n".join(mismatches)

@@ -306,19 +306,29 @@ bool is_reduced_float(const c10::IValue& v) {
 }
 
 // CPU's kernel on fp32 copies of the op's fp16 / bf16 tensors, its results
-// rounded back (written arguments are copied back into the caller's).
+// rounded back (written arguments are copied back into the caller's). The
+// dtype is the inputs' (an out= tensor's is checked against it, as CUDA's
+// structured kernels check it: widening an fp16 out= tensor of an fp32 input
+// would have cast the result into it).
 void widened_fallback(const c10::OperatorHandle& op, torch::jit::Stack* stack) {
   const auto& args = op.schema().arguments();
   const size_t first = stack->size() - args.size();
   std::optional<c10::ScalarType> reduced;
   for (size_t i = 0; i < args.size() && !reduced; ++i) {
-    if (is_reduced_float((*stack)[first + i])) {
+    if (!args[i].is_out() && is_reduced_float((*stack)[first + i])) {
       reduced = (*stack)[first + i].toTensor().scalar_type();
     }
   }
   if (!reduced) {
-    npu_fallback(op, stack);
+    npu_fallback(op, stack);  // an fp16 out= tensor of fp32 inputs: Note [out= tensors of another dtype]
     return;
+  }
+  for (size_t i = 0; i < args.size(); ++i) {
+    const c10::IValue& v = (*stack)[first + i];
+    if (args[i].is_out() && v.isTensor() && v.toTensor().defined()) {
+      TORCH_CHECK(v.toTensor().scalar_type() == *reduced, "Expected out tensor to have dtype ",
+          c10::scalarTypeToTypeMeta(*reduced), ", but got ", v.toTensor().dtype(), " instead");
+    }
   }
   std::vector<std::pair<at::Tensor, at::Tensor>> written;  // (the caller's tensor, its fp32 stand-in)
   for (size_t i = 0; i < args.size(); ++i) {
@@ -368,6 +378,10 @@ TORCH_LIBRARY_IMPL(aten, PrivateUse1, m) {
   m.impl("histc.out", TORCH_FN(histc_out));
   m.impl("abs.out", TORCH_FN(abs_out));
   m.impl("trace", TORCH_FN(trace));
+  // mode's out= variant is a composite that refuses every device but CPU, CUDA and XPU ("mode only supports
+  // CPU, CUDA and XPU device type, got: npu"), while its functional form runs: on CUDA both run, so npu runs
+  // it as the fallback runs CPU's kernels.
+  m.impl("mode.values", torch::CppFunction::makeFromBoxedFunction<&npu_fallback>());
 }
 
 }  // namespace npusim

@@ -256,6 +256,53 @@ std::optional<c10::OperatorHandle> out_overload_of(const c10::FunctionSchema& sc
   return std::nullopt;
 }
 
+// The aten ops that write none of their arguments, by name ("aten::max"), built once.
+const std::unordered_map<std::string, std::vector<c10::OperatorHandle>>& functional_overloads() {
+  static const auto* index = [] {
+    auto* by_name = new std::unordered_map<std::string, std::vector<c10::OperatorHandle>>();
+    auto& dispatcher = c10::Dispatcher::singleton();
+    for (const c10::OperatorName& name : dispatcher.getAllOpNames()) {
+      if (name.name.rfind("aten::", 0) != 0) {
+        continue;
+      }
+      const std::optional<c10::OperatorHandle> op = dispatcher.findOp(name);
+      if (op.has_value() && op->hasSchema() && !op->schema().is_mutable()) {
+        (*by_name)[name.name].push_back(*op);
+      }
+    }
+    return by_name;
+  }();
+  return *index;
+}
+
+// The functional overload of an out= op X.out: the one whose arguments are
+// X.out's before its out= arguments (the same names and types, in order) and
+// that returns one tensor per out= argument; nullopt if there is none.
+std::optional<c10::OperatorHandle> functional_of_out(const c10::FunctionSchema& schema, size_t out_args) {
+  const auto& args = schema.arguments();
+  const auto found = functional_overloads().find(schema.operator_name().name);
+  if (out_args == 0 || found == functional_overloads().end()) {
+    return std::nullopt;
+  }
+  const size_t in_args = args.size() - out_args;
+  for (const c10::OperatorHandle& candidate : found->second) {
+    const auto& cargs = candidate.schema().arguments();
+    const auto& crets = candidate.schema().returns();
+    if (cargs.size() != in_args || crets.size() != out_args ||
+        !std::all_of(crets.begin(), crets.end(), [](const auto& r) { return is_plain_tensor(r.type()); })) {
+      continue;
+    }
+    bool fits = true;
+    for (size_t i = 0; i < in_args && fits; ++i) {
+      fits = cargs[i].name() == args[i].name() && *cargs[i].type() == *args[i].type();
+    }
+    if (fits) {
+      return candidate;
+    }
+  }
+  return std::nullopt;
+}
+
 // The FunctionalOut of `op` (Note [A functional op's results in place]), or
 // null; leaked, as the traits are.
 // `full_name` is the op's name with its overload (OpTraits::name).
@@ -305,6 +352,20 @@ std::unique_ptr<OpTraits> make_traits(const c10::OperatorHandle& op) {
     traits->foreach_unary_out = new c10::OperatorHandle(*out);  // leaked, as the traits are
   }
   traits->functional_out = find_functional_out(op, traits->name);
+  // The out= arguments close the schema: their count, and the functional overload whose Meta kernel gives
+  // the dtypes they should have (Note [out= tensors of another dtype], op_launch.cpp).
+  const auto& all_args = schema.arguments();
+  const auto out_args = static_cast<size_t>(std::count_if(all_args.begin(), all_args.end(),
+      [](const c10::Argument& a) { return a.is_out(); }));
+  const bool outs_close = out_args > 0 &&
+      std::all_of(all_args.end() - static_cast<std::ptrdiff_t>(out_args), all_args.end(),
+          [](const c10::Argument& a) { return a.is_out() && is_plain_tensor(a.type()); });
+  if (outs_close) {
+    if (auto functional = functional_of_out(schema, out_args)) {
+      traits->functional_of_out = new c10::OperatorHandle(*functional);  // leaked, as the traits are
+      traits->out_args = out_args;
+    }
+  }
   traits->host_check = host_check_of(traits->name);
   const std::string cpu_kernel = cpu_kernel_entry(op);
   if (!returns_only_tensors(schema)) {

@@ -62,6 +62,11 @@ struct OpTraits {
   // A functional op computed by an out= variant's kernel (FunctionalOut);
   // null otherwise. Lives as long as the traits.
   const FunctionalOut* functional_out = nullptr;
+  // An out= op's functional overload (aten::softmax.int for aten::softmax.int_out), whose Meta kernel
+  // gives the dtypes its out= tensors should have, and the count of those out= arguments, the schema's last
+  // (Note [out= tensors of another dtype], op_launch.cpp); null and 0 otherwise. Lives as long as the traits.
+  const c10::OperatorHandle* functional_of_out = nullptr;
+  size_t out_args = 0;
   // Checks the op's CPU kernel makes on its arguments and its Meta kernel
   // does not, run at a launch that makes the op a stream task (Note
   // [Argument checks of CPU kernels], host_checks.cpp); null for most ops.

@@ -60,8 +60,9 @@ const MetaPlan* BoxedLaunch::plan() {
   }
   MetaPlan plan;
   try {
-    run_meta(hook != nullptr);
+    run_meta(hook != nullptr || traits_.functional_of_out != nullptr);
     args_.plan_from_meta(meta_outputs_, plan);
+    plan.outs_of_another_dtype = outs_of_another_dtype();
     if (hook != nullptr) {
       plan.duration_us = hook(op_, meta_inputs_, meta_outputs_);
       plan.cost_epoch = epoch;
@@ -316,6 +317,17 @@ void BoxedLaunch::add_value_words(MetaKey& key, const c10::IValue& v, bool float
   }
 }
 
+// The dtype CPU's kernel gives a norm's statistics (Note [Statistics dtypes
+// of CPU norms], op_traits.cpp) with the Meta stand-ins `inputs`; Undefined
+// for other ops.
+at::ScalarType BoxedLaunch::stats_dtype_of(const torch::jit::Stack& inputs) const {
+  if (traits_.stats_dtype_from < 0) {
+    return at::ScalarType::Undefined;
+  }
+  const c10::IValue& weight = inputs[static_cast<size_t>(traits_.stats_dtype_from)];
+  return (weight.isTensor() && weight.toTensor().defined() ? weight : inputs[0]).toTensor().scalar_type();
+}
+
 // Runs the dispatcher's Meta kernel (C++, or Python for the ops whose Meta
 // kernels torch._meta_registrations provides) on the Meta stand-ins.
 void BoxedLaunch::run_meta(bool keep_inputs) {
@@ -328,13 +340,9 @@ void BoxedLaunch::run_meta(bool keep_inputs) {
     stack.push_back(npu_device ? c10::IValue(c10::Device(c10::DeviceType::Meta)) : slot_value(slots_[i], meta_of));
   }
   if (keep_inputs) {
-    meta_inputs_ = stack;  // for the compute-cost hook
+    meta_inputs_ = stack;  // for the compute-cost hook and outs_of_another_dtype
   }
-  at::ScalarType stats_dtype = at::ScalarType::Undefined;
-  if (traits_.stats_dtype_from >= 0) {  // Note [Statistics dtypes of CPU norms] (op_traits.cpp)
-    const c10::IValue& weight = stack[static_cast<size_t>(traits_.stats_dtype_from)];
-    stats_dtype = (weight.isTensor() && weight.toTensor().defined() ? weight : stack[0]).toTensor().scalar_type();
-  }
+  const at::ScalarType stats_dtype = stats_dtype_of(stack);
   // A batch norm out of training: CPU's kernel saves no statistics (empty
   // tensors) where its Meta kernel sizes them by channel.
   const int training = traits_.stats_saved_unless;
@@ -352,6 +360,32 @@ void BoxedLaunch::run_meta(bool keep_inputs) {
     }
   }
   meta_outputs_ = std::move(stack);
+}
+
+bool BoxedLaunch::outs_of_another_dtype() const {
+  const c10::OperatorHandle* functional = traits_.functional_of_out;
+  if (functional == nullptr) {
+    return false;
+  }
+  const size_t first_out = meta_inputs_.size() - traits_.out_args;
+  torch::jit::Stack stack(meta_inputs_.begin(), meta_inputs_.begin() + static_cast<std::ptrdiff_t>(first_out));
+  try {
+    functional->redispatchBoxed(c10::DispatchKeySet(c10::DispatchKey::Meta), &stack);
+  } catch (const std::exception&) {
+    return true;  // no answer: the host's CPU kernel decides
+  }
+  const at::ScalarType stats_dtype = stats_dtype_of(meta_inputs_);
+  for (size_t i = 0; i < traits_.out_args && i < stack.size(); ++i) {
+    const c10::IValue& out = meta_inputs_[first_out + i];
+    if (!out.isTensor() || !stack[i].isTensor() || !out.toTensor().defined() || !stack[i].toTensor().defined()) {
+      continue;
+    }
+    const bool statistic = stats_dtype != at::ScalarType::Undefined && (i == 1 || i == 2);  // as run_meta's
+    if (out.toTensor().scalar_type() != (statistic ? stats_dtype : stack[i].toTensor().scalar_type())) {
+      return true;
+    }
+  }
+  return false;
 }
 
 }  // namespace npusim

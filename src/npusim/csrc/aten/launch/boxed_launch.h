@@ -51,6 +51,11 @@ class BoxedLaunch {
   // Runs the dispatcher's Meta kernel (C++, or Python for the ops whose Meta
   // kernels torch._meta_registrations provides) on the Meta stand-ins.
   void run_meta(bool keep_inputs);
+  // Whether an out= tensor's dtype differs from the one the op's functional
+  // overload returns there (Note [out= tensors of another dtype]); run after
+  // run_meta, whose inputs it reuses.
+  bool outs_of_another_dtype() const;
+  at::ScalarType stats_dtype_of(const torch::jit::Stack& inputs) const;
 
   const c10::OperatorHandle& op_;
   const OpTraits& traits_;

@@ -72,6 +72,9 @@ struct MetaPlan {
   // no Meta kernel, a data-dependent shape, or arguments the op rejects);
   // it runs on the host, whose CPU kernel then raises any real error.
   bool host_only = false;
+  // An out= tensor has another dtype than the op's result (Note [out= tensors
+  // of another dtype], op_launch.cpp): launched eagerly, the op runs on the host.
+  bool outs_of_another_dtype = false;
   std::vector<PlannedTensor> outputs;  // in return order, lists flattened
   c10::SmallVector<int32_t, 4> list_sizes;  // per return: -1 a tensor (or None), n a list of n
   c10::SmallVector<size_t, 4> fresh_nbytes;  // per fresh storage

@@ -158,6 +158,25 @@ bool compute_on_the_host_now(const LaunchScan& scan) {
 // and the device stays usable; what CPU computes is the same either way. A
 // capture still records it. The unboxed hot ops take the boxed route for it
 // (UnboxedFallback::call), whose launch_boxed declines it.
+//
+// Note [out= tensors of another dtype]
+// An out= tensor whose dtype is not the op's result dtype is the same kind
+// of fault. CPU's structured kernels without a TensorIterator (softmax,
+// cumsum, amax, sort, index_select, tril, the linalg solvers, ...) refuse it
+// ("Expected out tensor to have dtype float, but got double instead"), as
+// CUDA's do from the call, while TensorIterator kernels (add, eq) cast into
+// it; most of their Meta kernels (the Python ones of
+// torch._meta_registrations and torch._refs) take any dtype the result can
+// be cast to. So a launch could not tell, and the task failed the device:
+// a sweep of op_db's out= ops at float32 with outs of float64, float16,
+// int64, bool and complex64, every op a stream task, failed it 339 times
+// over 60 ops. A launch of an out= op (OpTraits::functional_of_out) now asks
+// the functional overload's Meta kernel for the result's dtypes, with the
+// plan, once per signature; where an out= tensor's differs, the op runs on
+// the host after the stream's earlier work, and CPU raises or casts. Such
+// calls are rare outside tests (out= into a buffer of the result's dtype is
+// the common use), so the host path costs nothing that matters. A capture
+// still records them, as it records complex32 ops.
 bool launch_boxed(const c10::OperatorHandle& op, torch::jit::Stack* stack) {
   const OpTraits& traits = op_traits(op);
   const size_t first = stack->size() - op.schema().arguments().size();
@@ -187,8 +206,8 @@ bool launch_boxed(const c10::OperatorHandle& op, torch::jit::Stack* stack) {
       target.capture()->refuse(c10::str("npu graph capture: ", launch.args().resize_message(),
           " during capture; allocate outputs with their final shape before capturing"));
     }
-  } else if (plan == nullptr) {
-    return false;
+  } else if (plan == nullptr || plan->outs_of_another_dtype) {
+    return false;  // Note [out= tensors of another dtype]
   }
   launch.commit(*plan, target, stack, first);
   return true;
