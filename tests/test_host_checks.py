@@ -177,3 +177,88 @@ def test_out_of_another_dtype_raises_or_casts_as_on_cpu() -> None:
     assert refused > 300 and written > 200, (refused, written)  # the sweep ran over op_db's out= ops
     assert device_failures == [], "\n".join(device_failures)
     assert mismatches == [], "\n".join(mismatches)
+
+
+def _overlapping_cases() -> Iterator[tuple[str, Any, dict[str, tuple]]]:
+    """(what, fn, {device: (written tensors, args, kwargs)}) for op_db's float32 first samples: an out= tensor
+    that partially overlaps the input or is expanded (over a buffer of its full size, so a kernel that ignores
+    its strides writes inside it), and an in-place op's self expanded or partially overlapping a tensor
+    argument; the same tensors on CPU and on npu."""
+    for op in op_db:
+        sample = next(iter(op.sample_inputs("cpu", torch.float32)), None)
+        if sample is None or not isinstance(sample.input, torch.Tensor) or sample.input.layout != torch.strided:
+            continue
+        shape, n = sample.input.shape, sample.input.numel()
+        if n < 2:
+            continue
+        result = None
+        if op.supports_out:
+            try:
+                result = op(sample.input, *sample.args, **sample.kwargs)
+            except Exception:  # noqa: BLE001  (a sample CPU refuses without out=)
+                result = None
+            if not (isinstance(result, torch.Tensor) and result.dtype == torch.float32 and 2 <= result.numel() <= n):
+                result = None
+        other = next((i for i, a in enumerate(sample.args) if isinstance(a, torch.Tensor) and a.shape == shape
+                      and a.dtype == torch.float32), None)
+        cases: dict[str, tuple[Any, dict[str, tuple]]] = {}
+        for dev in ("cpu", "npu"):
+            def moved(v: Any, dev: str = dev) -> Any:
+                return tree_map(lambda t: t.to(dev) if isinstance(t, torch.Tensor) else t, v)
+            args, kwargs = tuple(moved(sample.args)), moved(sample.kwargs)
+            base = torch.zeros(2 * n, device=dev)
+            base[:n] = sample.input.reshape(-1).to(dev)
+            if result is not None:
+                cases.setdefault("out= partial", (op, {}))[1][dev] = (
+                    (base[:n].view(shape), base[n // 2:n // 2 + result.numel()].view(result.shape)), args, kwargs)
+                expanded = torch.zeros(result.numel(), device=dev)[:1].expand(result.shape)
+                cases.setdefault("out= expanded", (op, {}))[1][dev] = ((moved(sample.input), expanded), args, kwargs)
+            if op.inplace_variant is not None:
+                cases.setdefault("in-place expanded", (op.inplace_variant, {}))[1][dev] = (
+                    (torch.zeros(n, device=dev)[:1].expand(shape), None), args, kwargs)
+                if other is not None:
+                    partial = list(args)
+                    partial[other] = base[:n].view(shape)
+                    cases.setdefault("in-place partial", (op.inplace_variant, {}))[1][dev] = (
+                        (base[n // 2:n // 2 + n].view(shape), None), tuple(partial), kwargs)
+        for what, (fn, per_device) in cases.items():
+            yield f"{op.name} {op.variant_test_name} {what}", fn, per_device
+
+
+def _call_written(fn, tensors: tuple, args: tuple, kwargs: dict) -> Exception | None:  # noqa: ANN001
+    first, out = tensors
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        try:
+            fn(first, *args, **kwargs) if out is None else fn(first, *args, out=out, **kwargs)
+        except Exception as e:  # noqa: BLE001  (CPU's error, whatever its type)
+            return e
+    return None
+
+
+def test_written_tensors_that_overlap_raise_from_the_call() -> None:
+    """Overlapping written tensors (Note [Written tensors that overlap]): every such call of op_db's first
+    float32 samples, queued as a stream task, raises CPU's error from the call where CPU raises and runs where
+    CPU runs, and none fails the device (before, 106 out= calls with a partially overlapping out= tensor and 89
+    in-place calls on an expanded self did)."""
+    device_failures, mismatches = [], []
+    refused = 0
+    for what, fn, per_device in _overlapping_cases():
+        want = _call_written(fn, *per_device["cpu"])
+        torch.npu._sleep(BUSY_CYCLES)
+        got = _call_written(fn, *per_device["npu"])
+        failed = ""
+        try:
+            torch.npu.synchronize()
+        except RuntimeError as e:
+            failed = str(e)
+        left = clear_device_failures()
+        if failed or left:
+            device_failures.append(f"{what}: {(failed or str(left))[:200]}")
+        elif (want is None) != (got is None) or (want is not None and (
+                type(want) is not type(got) or str(want).splitlines()[0] != str(got).splitlines()[0])):
+            mismatches.append(f"{what}: CPU {want!r}, npu {got!r}")
+        refused += want is not None
+    assert refused > 300, refused  # the sweep ran: most of these calls are refused
+    assert device_failures == [], "\n".join(device_failures)
+    assert mismatches == [], "\n".join(mismatches)

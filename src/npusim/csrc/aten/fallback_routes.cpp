@@ -8,6 +8,7 @@
 #include "foreach_launch.h"
 #include "iterator_kernels.h"
 #include "launch/launch_scan.h"
+#include "launch/written_overlap.h"
 #include "launch/op_launch.h"
 #include "launch/unboxed_launch.h"
 
@@ -240,6 +241,11 @@ struct UnboxedFallback<Op, OutOp, MetaFn, R(Args...)> {
       }
       // Given to the cost hook, beside another stream's capture, or complex32 (Note [complex32 on the host]).
       return boxed(keys, args...);
+    }
+    if constexpr (std::is_same_v<R, at::Tensor&>) {
+      if (C10_UNLIKELY(self_overlaps(args...))) {
+        return boxed(keys, args...);  // run on the host: Note [Written tensors that overlap]
+      }
     }
     if (compute_on_the_host_now(scan)) {
       if constexpr (IteratorKernel<Op>::value) {

@@ -18,6 +18,7 @@
 #include "philox_blocks.h"
 
 #include <ATen/ATen.h>
+#include <ATen/MemoryOverlap.h>
 #include <ATen/OpMathType.h>
 #include <ATen/core/TransformationHelper.h>
 #include <ATen/native/DistributionTemplates.h>
@@ -213,6 +214,9 @@ void philox_fill_normal(const Tensor& self, const RandomLaunch& launch, F transf
 // Takes this op's Philox state (the order of launches is the order of draws).
 RandomLaunch begin_op(const Tensor& self, const Gen& gen, const char* op) {
   const c10::DeviceIndex device = npu_device_of(self, gen, op);
+  // At the call, as CPU's and CUDA's kernels refuse it (their TensorIterator's
+  // check): a fill of an expanded tensor on the stream failed the device.
+  at::assert_no_internal_overlap(self);
   return RandomLaunch{philox_state(gen, device, static_cast<uint64_t>(self.numel())), op};
 }
 
@@ -363,6 +367,8 @@ struct BernoulliTensorKernel {
     const c10::DeviceIndex device = npu_device_of(self, gen, "bernoulli_");
     // As CUDA, p may live on another device (or the host): it is copied over.
     const Tensor p_dev = p_.device() == self.device() ? p_ : p_.to(self.device());
+    // CPU's and CUDA's kernels iterate p and self with a TensorIterator, which refuses this.
+    at::assert_no_partial_overlap(self, p_dev);
     AT_DISPATCH_FLOATING_TYPES_AND2(at::kHalf, at::kBFloat16, p_dev.scalar_type(), "bernoulli_tensor_npu_p_", [] {});
     NpuStream& stream = current_stream(device);
     // The probabilities, as doubles of self's shape, checked to lie in [0, 1].

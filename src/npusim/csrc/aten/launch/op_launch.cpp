@@ -3,6 +3,7 @@
 
 #include "boxed_launch.h"
 #include "launch_scan.h"
+#include "written_overlap.h"
 #include "../op_traits.h"
 #include "../../runtime/plan_mode.h"
 
@@ -183,7 +184,8 @@ bool launch_boxed(const c10::OperatorHandle& op, torch::jit::Stack* stack) {
   LaunchScan scan;
   scan.add_stack(*stack, first);
   StreamCapture* const capture = scan.stream().capture();
-  if (capture == nullptr && (traits.host_only != nullptr || scan.complex_half || compute_on_the_host_now(scan))) {
+  if (capture == nullptr && (traits.host_only != nullptr || scan.complex_half || compute_on_the_host_now(scan) ||
+                             written_overlap(*stack, first, traits.uses))) {  // Note [Written tensors that overlap]
     return false;
   }
   if (traits.host_check != nullptr) {
