@@ -7,6 +7,7 @@
 #include <c10/util/Exception.h>
 
 #include <algorithm>
+#include <array>
 #include <memory>
 #include <mutex>
 #include <optional>
@@ -198,26 +199,32 @@ bool listed(const std::string_view (&names)[N], std::string_view name) {
   return std::find(std::begin(names), std::end(names), name) != std::end(names);
 }
 
-// The aten ops with out= arguments, by name ("aten::max"), built once.
-const std::unordered_map<std::string, std::vector<c10::OperatorHandle>>& out_overloads() {
-  static const auto* index = [] {
-    auto* by_name = new std::unordered_map<std::string, std::vector<c10::OperatorHandle>>();
+// The aten ops' overloads by name ("aten::max"): [0] those with out= arguments,
+// [1] those that write none of their arguments; built once.
+enum OverloadKind { kWithOut = 0, kFunctional = 1 };
+const std::unordered_map<std::string, std::vector<c10::OperatorHandle>>& overloads(OverloadKind kind) {
+  using Index = std::array<std::unordered_map<std::string, std::vector<c10::OperatorHandle>>, 2>;
+  static const Index* index = [] {
+    auto* by_name = new Index();
     auto& dispatcher = c10::Dispatcher::singleton();
     for (const c10::OperatorName& name : dispatcher.getAllOpNames()) {
       if (name.name.rfind("aten::", 0) != 0) {
         continue;
       }
       const std::optional<c10::OperatorHandle> op = dispatcher.findOp(name);
-      if (op.has_value() && op->hasSchema() && op->schema().is_mutable()) {
-        const auto& args = op->schema().arguments();
-        if (std::any_of(args.begin(), args.end(), [](const c10::Argument& a) { return a.is_out(); })) {
-          (*by_name)[name.name].push_back(*op);
-        }
+      if (!op.has_value() || !op->hasSchema()) {
+        continue;
+      }
+      const auto& args = op->schema().arguments();
+      if (!op->schema().is_mutable()) {
+        (*by_name)[kFunctional][name.name].push_back(*op);
+      } else if (std::any_of(args.begin(), args.end(), [](const c10::Argument& a) { return a.is_out(); })) {
+        (*by_name)[kWithOut][name.name].push_back(*op);
       }
     }
     return by_name;
   }();
-  return *index;
+  return (*index)[kind];
 }
 
 bool is_plain_tensor(const c10::TypePtr& type) {
@@ -234,8 +241,8 @@ std::optional<c10::OperatorHandle> out_overload_of(const c10::FunctionSchema& sc
       std::any_of(args.begin(), args.end(), [](const auto& a) { return use_of(a) == ArgUse::kWritten; })) {
     return std::nullopt;
   }
-  const auto found = out_overloads().find(schema.operator_name().name);
-  if (found == out_overloads().end()) {
+  const auto found = overloads(kWithOut).find(schema.operator_name().name);
+  if (found == overloads(kWithOut).end()) {
     return std::nullopt;
   }
   for (const c10::OperatorHandle& candidate : found->second) {
@@ -256,32 +263,13 @@ std::optional<c10::OperatorHandle> out_overload_of(const c10::FunctionSchema& sc
   return std::nullopt;
 }
 
-// The aten ops that write none of their arguments, by name ("aten::max"), built once.
-const std::unordered_map<std::string, std::vector<c10::OperatorHandle>>& functional_overloads() {
-  static const auto* index = [] {
-    auto* by_name = new std::unordered_map<std::string, std::vector<c10::OperatorHandle>>();
-    auto& dispatcher = c10::Dispatcher::singleton();
-    for (const c10::OperatorName& name : dispatcher.getAllOpNames()) {
-      if (name.name.rfind("aten::", 0) != 0) {
-        continue;
-      }
-      const std::optional<c10::OperatorHandle> op = dispatcher.findOp(name);
-      if (op.has_value() && op->hasSchema() && !op->schema().is_mutable()) {
-        (*by_name)[name.name].push_back(*op);
-      }
-    }
-    return by_name;
-  }();
-  return *index;
-}
-
 // The functional overload of an out= op X.out: the one whose arguments are
 // X.out's before its out= arguments (the same names and types, in order) and
 // that returns one tensor per out= argument; nullopt if there is none.
 std::optional<c10::OperatorHandle> functional_of_out(const c10::FunctionSchema& schema, size_t out_args) {
   const auto& args = schema.arguments();
-  const auto found = functional_overloads().find(schema.operator_name().name);
-  if (out_args == 0 || found == functional_overloads().end()) {
+  const auto found = overloads(kFunctional).find(schema.operator_name().name);
+  if (out_args == 0 || found == overloads(kFunctional).end()) {
     return std::nullopt;
   }
   const size_t in_args = args.size() - out_args;
