@@ -102,3 +102,12 @@ def test_written_tensors_that_overlap_raise_from_the_call() -> None:
     report = sweep(kinds=("overlap",))
     assert report.findings == [], _no_findings(report)
     assert report.counts["overlap", "refused"] > 300, report.counts  # most of these calls are refused
+
+
+def test_in_place_ops_on_integer_and_bool_selves_raise_or_run_as_on_cpu() -> None:
+    """Every in-place variant of op_db on its first int64 and bool samples, queued as a stream task: it raises
+    CPU's error from the call (a float op into an integer self: "result type Float can't be cast to the desired
+    output type Long") or writes CPU's values (before, logit_ failed the device)."""
+    report = sweep(kinds=("in-place",), dtypes=(torch.int64, torch.bool))
+    assert report.findings == [], _no_findings(report)
+    assert report.counts["in-place", "refused"] > 50 and report.counts["in-place", "ran"] > 100, report.counts

@@ -382,6 +382,9 @@ TORCH_LIBRARY_IMPL(aten, PrivateUse1, m) {
   // CPU, CUDA and XPU device type, got: npu"), while its functional form runs: on CUDA both run, so npu runs
   // it as the fallback runs CPU's kernels.
   m.impl("mode.values", torch::CppFunction::makeFromBoxedFunction<&npu_fallback>());
+  // conj_physical_ is a composite that calls a DispatchStub, which has CPU's and CUDA's kernels and none for
+  // npu ("DispatchStub: missing kernel for npu"): npu runs CPU's, as the fallback runs CPU's kernels.
+  m.impl("conj_physical_", torch::CppFunction::makeFromBoxedFunction<&npu_fallback>());
 }
 
 }  // namespace npusim

@@ -94,6 +94,20 @@ at::Tensor FallbackCall::alias(const at::Tensor& t, Use use) {
     return t;
   }
   const bool written = use == Use::kWritten;
+  // The same tensor twice (an in-place composite calls X.out(self, self, other)) is one CPU tensor: CPU's
+  // kernel tells an in-place call by it (TensorIterator refuses to resize an output it also reads, "output with
+  // shape [5, 1] doesn't match the broadcast shape [5, 5]"), where two aliases made it resize self.
+  for (TensorEntry& e : tensors_) {
+    if (e.device == t.unsafeGetTensorImpl()) {
+      e.written = e.written || written;
+      for (StorageEntry& s : storages_) {
+        if (s.device == t.storage().unsafeGetStorageImpl()) {
+          s.written = s.written || written;
+        }
+      }
+      return e.cpu;
+    }
+  }
   c10::StorageImpl* key = t.storage().unsafeGetStorageImpl();
   StorageEntry* shared = nullptr;
   for (StorageEntry& e : storages_) {

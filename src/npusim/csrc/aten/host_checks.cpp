@@ -20,10 +20,11 @@
 // TORCH_CHECKs. They look at the arguments' metadata and values only, never
 // at device data, so they cost the launch no wait. aminmax.out's is one case
 // of a general rule, that a structured out= kernel takes outputs of its
-// computed dtype only; other structured ops' Python Meta kernels may let a
-// castable output dtype through as well, which OpInfo's error inputs do not
-// try. foreach sub's check, made here too, came first (a sub of bools).
-// tests/test_host_checks.py runs the error inputs of these ops as tasks.
+// computed dtype only, which the launch now applies to every out= op (Note
+// [out= tensors of another dtype]). logit_ of an integer self came from the
+// in-place sweep of npusim.conformance.misuse. foreach sub's check, made here
+// too, came first (a sub of bools). tests/test_host_checks.py runs the error
+// inputs of these ops as tasks.
 #include "host_checks.h"
 
 #include <ATen/ATen.h>
@@ -196,6 +197,16 @@ void check_aminmax_out(const c10::OperatorHandle& op, const torch::jit::Stack& s
   }
 }
 
+// An in-place unary float op (logit_) on an integer or bool self: CPU's
+// TensorIterator computes in the default float dtype and refuses to cast the
+// result into self, where the op's Meta kernel lets it through.
+void check_unary_float_in_place(const c10::OperatorHandle& op, const torch::jit::Stack& stack, size_t first) {
+  const at::ScalarType self = arg(op, stack, first, "self").toTensor().scalar_type();
+  const at::ScalarType result = c10::typeMetaToScalarType(c10::get_default_dtype());
+  TORCH_CHECK(!at::isIntegralType(self, /*includeBool=*/true) || c10::canCast(result, self), "result type ",
+      result, " can't be cast to the desired output type ", self);
+}
+
 // torch.sub's refusal of bool operands, which CUDA's foreach sub kernels
 // check on the host before they launch (sub_check on each pair, as the
 // per-tensor sub does): the Meta kernels of the foreach ops do not, so as a
@@ -231,9 +242,14 @@ void check_foreach_sub(const c10::OperatorHandle& op, const torch::jit::Stack& s
 // masked_scatter_'s mask dtype: its kernel takes bool masks only (a uint8
 // mask, which CPU first warns is deprecated, is refused as well).
 void check_masked_scatter(const c10::OperatorHandle& op, const torch::jit::Stack& stack, size_t first) {
-  const at::ScalarType mask = arg(op, stack, first, "mask").toTensor().scalar_type();
-  TORCH_CHECK(mask == at::ScalarType::Bool, "masked_scatter_ only supports boolean masks, but got mask with dtype ",
-      mask);
+  const at::Tensor& mask = arg(op, stack, first, "mask").toTensor();
+  TORCH_CHECK(mask.scalar_type() == at::ScalarType::Bool,
+      "masked_scatter_ only supports boolean masks, but got mask with dtype ", mask.scalar_type());
+  if (op.schema().name() == "aten::masked_scatter_") {
+    // The in-place kernel expands the mask to self (expand_inplace), which refuses a mask of more dimensions
+    // or of other sizes: the same expand of the mask's view, which touches no data.
+    (void)mask.expand(arg(op, stack, first, "self").toTensor().sizes());
+  }
 }
 
 // bucketize_out_cpu's check of the boundaries (ATen/native/Bucketization.cpp).
@@ -262,6 +278,7 @@ HostCheck host_check_of(std::string_view full_name) {
       {"aten::cat.out", check_cat_out},
       {"aten::complex.out", check_complex_out},
       {"aten::aminmax.out", check_aminmax_out},
+      {"aten::logit_", check_unary_float_in_place},
       {"aten::masked_scatter_", check_masked_scatter},
       {"aten::masked_scatter", check_masked_scatter},
       {"aten::masked_scatter.out", check_masked_scatter},

@@ -105,6 +105,14 @@ constexpr NormStats kCpuNormStats[] = {
 constexpr std::string_view kCpuSizesOutputsOtherwise[] = {
     "aten::_embedding_bag", "aten::_embedding_bag_forward_only"};
 
+// The same for out= overloads only (by their full name): in eval, CPU's
+// native_batch_norm.out leaves its statistics outputs as given, where the
+// Meta kernel sizes them by channel (the functional op's empty statistics,
+// Note [Statistics dtypes of CPU norms], are its own). Found by the
+// out-dtype sweep of npusim.conformance.misuse over float64 samples, with
+// outputs of the functional results' shapes: the task failed the device.
+constexpr std::string_view kCpuSizesOutOutputsOtherwise[] = {"aten::native_batch_norm.out"};
+
 // "aten::X" for a foreach op "aten::_foreach_X" (the op its CPU composite
 // runs per tensor, up to the overload); nullopt for any other op.
 std::optional<std::string> foreach_per_tensor_name(const std::string& name) {
@@ -364,7 +372,7 @@ std::unique_ptr<OpTraits> make_traits(const c10::OperatorHandle& op) {
     traits->host_only = "it has no CPU kernel";
   } else if (is_python_kernel(cpu_kernel)) {
     traits->host_only = "its CPU kernel is a Python function";
-  } else if (listed(kCpuSizesOutputsOtherwise, name.name)) {
+  } else if (listed(kCpuSizesOutputsOtherwise, name.name) || listed(kCpuSizesOutOutputsOtherwise, traits->name)) {
     traits->host_only = "its CPU kernel sizes its outputs otherwise than its Meta kernel";
   }
   return traits;

@@ -9,6 +9,7 @@
 #include <c10/core/Allocator.h>
 #include <c10/util/Exception.h>
 
+#include <algorithm>
 #include <typeinfo>
 
 namespace npusim {
@@ -75,12 +76,35 @@ at::Tensor LaunchArgs::meta(int32_t ref) const {
 }
 
 void LaunchArgs::plan_from_meta(const std::vector<c10::IValue>& results, MetaPlan& plan) {
+  const auto& schema_args = op_.schema().arguments();
+  const bool has_out_args =
+      std::any_of(schema_args.begin(), schema_args.end(), [](const c10::Argument& a) { return a.is_out(); });
   for (size_t k = 0; k < inputs_.size(); ++k) {
     const at::Tensor& m = meta_inputs_[k];
     const at::Tensor& device = *inputs_[k].tensor;
     if (!m.sizes().equals(device.sizes()) || !m.strides().equals(device.strides()) ||
         m.storage_offset() != device.storage_offset() || m.storage().nbytes() != device.storage().nbytes()) {
       TORCH_CHECK(inputs_[k].use == ArgUse::kWritten, "its Meta kernel changed an argument it does not write");
+      // Note [An in-place op's self keeps its shape]
+      // Only out= arguments are resized to the result: an in-place op whose
+      // result broadcasts beyond self (x[5, 1].div_(y[5], rounding_mode=
+      // "trunc")) is refused by CPU's and CUDA's kernels ("output with shape
+      // [5, 1] doesn't match the broadcast shape [5, 5]"), but the Python
+      // Meta kernels of some (torch._refs' in-place wrappers of div with a
+      // rounding mode, ...) resize self, as an out= tensor is resized, and a
+      // launch that applied that resize changed the caller's tensor
+      // silently. Such a call runs on the host, where CPU's kernel raises.
+      TORCH_CHECK(has_out_args, "its Meta kernel resized ", op_.schema().operator_name(),
+          "'s written argument ", device.sizes(), " to ", m.sizes(), ", which only an out= argument may be");
+      // An out= argument that is also read (addr_ is addr.out into self):
+      // resized now, before the kernel reads it, the input would change
+      // under the kernel, which checks its inputs before it resizes its
+      // output (a 0-dim self of addr_ is refused on CPU, and was resized).
+      for (const Input& other : inputs_) {
+        TORCH_CHECK(other.use == ArgUse::kWritten || other.group != inputs_[k].group, "its Meta kernel resized ",
+            op_.schema().operator_name(), "'s out= argument ", device.sizes(), " to ", m.sizes(),
+            ", which the op also reads");
+      }
       updates_.push_back(Update{static_cast<int32_t>(k), m});
       // See Note [Resizing an output during capture].
       const size_t old_nbytes = device.storage().nbytes();
