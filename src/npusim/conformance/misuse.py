@@ -34,7 +34,7 @@ from typing import Any
 import torch
 from torch.utils._pytree import tree_map
 
-from npusim.testing.device_failures import clear_device_failures
+from npusim._device import clear_device_failures
 
 __all__ = ["KINDS", "Finding", "Report", "queued_as_a_task", "sweep"]
 
