@@ -182,10 +182,9 @@ def _cpu_result(op: Any, sample: Any) -> Any:
             return None
 
 
-def _out_dtype_cases(op: Any, sample: Any) -> Iterator[_Case]:
-    if not op.supports_out:
-        return
-    result = _cpu_result(op, sample)
+# Each kind's cases for one sample; ``result`` is the op's CPU result for it (None: no out= variant, or CPU
+# refused the sample), computed once for the kinds that size out= tensors by it.
+def _out_dtype_cases(op: Any, sample: Any, result: Any) -> Iterator[_Case]:
     for dtype in OUT_DTYPES:
         cpu_out = _outs_like(result, dtype)
         if cpu_out is None:
@@ -197,7 +196,7 @@ def _out_dtype_cases(op: Any, sample: Any) -> Iterator[_Case]:
                     compare_values=op.name not in RANDOM_OPS)
 
 
-def _in_place_cases(op: Any, sample: Any) -> Iterator[_Case]:
+def _in_place_cases(op: Any, sample: Any, result: Any) -> Iterator[_Case]:
     if op.inplace_variant is None:
         return
     cpu = _Call(op.inplace_variant, sample.input.clone(), tuple(sample.args), dict(sample.kwargs))
@@ -207,11 +206,10 @@ def _in_place_cases(op: Any, sample: Any) -> Iterator[_Case]:
                 compare_values=op.name not in RANDOM_OPS)
 
 
-def _overlap_cases(op: Any, sample: Any) -> Iterator[_Case]:
+def _overlap_cases(op: Any, sample: Any, result: Any) -> Iterator[_Case]:
     shape, n = sample.input.shape, sample.input.numel()
     if n < 2 or sample.input.dtype != torch.float32:
         return
-    result = _cpu_result(op, sample) if op.supports_out else None
     if not (isinstance(result, torch.Tensor) and result.dtype == torch.float32 and 2 <= result.numel() <= n):
         result = None
     other = next((i for i, a in enumerate(sample.args)
@@ -301,10 +299,12 @@ def sweep(kinds: Sequence[str] = KINDS, ops: Sequence[str] | None = None,
         supported = op.supported_dtypes("cpu")
         for dtype in (d for d in dtypes if d in supported):
             for sample in _samples(op, dtype, samples):
+                sizes_outs = op.supports_out and ("out-dtype" in kinds or "overlap" in kinds)
+                result = _cpu_result(op, sample) if sizes_outs else None
                 for kind, cases in (("out-dtype", _out_dtype_cases), ("in-place", _in_place_cases),
                                     ("overlap", _overlap_cases)):
                     if kind in kinds:
-                        for case in cases(op, sample):
+                        for case in cases(op, sample, result):
                             _judge(kind, case, report)
         if progress is not None:
             progress(op.name)
