@@ -117,3 +117,62 @@ def test_in_place_ops_on_integer_and_bool_selves_raise_or_run_as_on_cpu() -> Non
     report = sweep(kinds=("in-place",), dtypes=(torch.int64, torch.bool))
     assert _no_findings(report, "in-place") == ""
     assert report.counts["in-place", "refused"] > 50 and report.counts["in-place", "ran"] > 100, report.counts
+
+
+@pytest.mark.parametrize("as_a_task", [False, True], ids=["on the host", "as a task"])
+def test_addr_in_place_refuses_a_self_it_would_have_to_resize(as_a_task: bool) -> None:
+    """addr_ is in place by the identity of addr_out's two arguments (Note [addr_ is in place by identity] in
+    csrc/aten/fallback.cpp): a self that is not 2-D or not of the outer product's shape raises CPU's own error
+    and is left as it was, shape and values (before, npu expanded a 0-dim self and resized it to [3, 4] with
+    PyTorch's resize warning); a self of the right shape gets CPU's values."""
+    vec1, vec2 = torch.arange(1.0, 4.0), torch.arange(1.0, 5.0)
+    selves = {"0-dim": torch.tensor(2.0), "1-D": torch.ones(4), "[1, 4]": torch.ones(1, 4),
+              "[3, 1]": torch.ones(3, 1), "[2, 4]": torch.ones(2, 4), "[3, 4]": torch.full((3, 4), 0.5)}
+    for what, self in selves.items():
+        cpu_self = self.clone()
+        try:
+            cpu_self.addr_(vec1, vec2, beta=2.0)
+            want = None
+        except RuntimeError as e:
+            want = str(e)
+        npu_self = self.to("npu")
+
+        def call(npu_self: torch.Tensor = npu_self) -> Exception | None:
+            with warnings.catch_warnings():
+                warnings.simplefilter("error")  # a resize warning fails the test
+                try:
+                    npu_self.addr_(vec1.to("npu"), vec2.to("npu"), beta=2.0)
+                except RuntimeError as e:
+                    return e
+            return None
+
+        if as_a_task:
+            got, failed = queued_as_a_task(call)
+            assert failed == "", (what, failed)
+        else:
+            got = call()
+        assert (None if got is None else str(got)) == want, what
+        expected = self if want is not None else cpu_self
+        assert npu_self.shape == expected.shape and torch.equal(npu_self.cpu(), expected), what
+    assert want is None  # the last self, of the right shape, ran
+
+
+def test_addr_runs_cpus_kernel_in_every_variant() -> None:
+    """addr_'s kernel leaves addr and addr.out routed to CPU's kernel (Note [CPU's kernel, not the composite]):
+    all three variants give CPU's float16 and bfloat16 values bit for bit, where the composite rounds otherwise
+    (a first version of the addr_ kernel, registered before the routes, unrouted both)."""
+    from npusim.ops import FALLBACK_ROUTES
+
+    assert {"aten::addr", "aten::addr.out"} <= FALLBACK_ROUTES.keys()
+    for dtype in (torch.float16, torch.bfloat16):
+        gen = torch.Generator().manual_seed(0)
+        self, vec1, vec2 = (torch.randn(*shape, generator=gen).to(dtype) for shape in ((5, 10), (5,), (10,)))
+        kwargs = {"beta": 0.6, "alpha": 0.2}
+        want = torch.addr(self, vec1, vec2, **kwargs)
+        on_npu = [t.to("npu") for t in (self, vec1, vec2)]
+        out = torch.empty_like(on_npu[0])
+        in_place = on_npu[0].clone()
+        results = {"addr": torch.addr(*on_npu, **kwargs), "addr.out": torch.addr(*on_npu, **kwargs, out=out),
+                   "addr_": in_place.addr_(*on_npu[1:], **kwargs)}
+        for variant, got in results.items():
+            assert torch.equal(got.cpu(), want), (dtype, variant)

@@ -49,13 +49,10 @@ RANDOM_OPS = ("normal", "bernoulli", "multinomial", "uniform", "cauchy", "expone
               "nn.functional.alpha_dropout", "nn.functional.feature_alpha_dropout", "nn.functional.rrelu")
 
 
-# Divergences from CPU that are known and not a device failure, each with why: reported as "known", not as
-# findings.
-KNOWN: dict[tuple[str, str], str] = {
-    ("in-place", "addr"): "a 0-dim self of addr_ is resized to the outer product's shape, with PyTorch's "
-                          "deprecation warning for resized outputs, where CPU refuses it ('2D tensor expected, got "
-                          "0D tensor for input'); not yet traced (npu's addr runs CPU's kernel through the fallback)",
-}
+# Divergences from CPU that are known and not a device failure, keyed by (kind, op) with why: reported as
+# "known", not as findings. None today: addr_ of a 0-dim self, the last, is refused as on CPU since fallback.cpp's
+# Note [addr_ is in place by identity].
+KNOWN: dict[tuple[str, str], str] = {}
 
 
 @dataclass

@@ -27,7 +27,8 @@ from npusim.ops.trace import CallRecord, GroupRecord, trace_foreach_copy
 from npusim.runtime import acl
 
 # The ops whose npu kernel is the CPU fallback instead of a composite, each "unboxed" or "boxed",
-# and the _foreach_* ops' one-launch kernel, "foreach" (Note [A foreach op is one launch])
+# the _foreach_* ops' one-launch kernel, "foreach" (Note [A foreach op is one launch]), and addr_'s
+# checks before its composite, "checked in place" (Note [addr_ is in place by identity])
 # (csrc/aten/fallback_routes.cpp, Note [CPU's kernel, not the composite]).
 FALLBACK_ROUTES: dict[str, str] = {}
 

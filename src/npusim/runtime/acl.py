@@ -28,7 +28,8 @@ register_device: Callable[[], None] = C.register_device
 # Gives the npu slot of structured ops' functional and in-place variants, and of ops whose
 # composite would stand in for CPU's kernel, to the CPU fallback, except the ops named
 # (Note [Structured ops go straight to the fallback], Note [CPU's kernel, not the composite]).
-# Routes once (later calls return the first result): {"aten::add.Tensor": "unboxed", "boxed" or "foreach", ...}.
+# Routes once (later calls return the first result): {"aten::add.Tensor": "unboxed", "boxed" or "foreach", ...,
+# "aten::addr_": "checked in place"}.
 route_structured_ops_to_fallback: Callable[[list[str]], dict[str, str]] = C.route_structured_ops_to_fallback
 set_launch_blocking: Callable[[bool], None] = C.set_launch_blocking
 # NPUSIM_SMALL_OPS_ON_THE_HOST: False makes every compute op a stream task (Note [Work on an idle stream]).

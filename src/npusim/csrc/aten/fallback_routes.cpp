@@ -556,6 +556,9 @@ std::map<std::string, std::string> route_structured_ops_to_fallback(
         names.emplace(std::move(full), "boxed");
       }
     }
+    // After the scan, so that addr and addr.out are routed above: Note [addr_ is in place by identity].
+    library->impl("addr_", TORCH_FN(addr_in_place));
+    names.emplace("aten::addr_", "checked in place");
     for (const c10::OperatorHandle& op : foreach_ops) {
       const c10::OperatorName& name = op.operator_name();
       if (own.count(base_name(name)) != 0) {

@@ -96,10 +96,11 @@ void LaunchArgs::plan_from_meta(const std::vector<c10::IValue>& results, MetaPla
       // silently. Such a call runs on the host, where CPU's kernel raises.
       TORCH_CHECK(has_out_args, "its Meta kernel resized ", op_.schema().operator_name(),
           "'s written argument ", device.sizes(), " to ", m.sizes(), ", which only an out= argument may be");
-      // An out= argument that is also read (addr_ is addr.out into self):
+      // An out= argument that is also read (torch.addr(s, v1, v2, out=s)):
       // resized now, before the kernel reads it, the input would change
-      // under the kernel, which checks its inputs before it resizes its
-      // output (a 0-dim self of addr_ is refused on CPU, and was resized).
+      // under the kernel, which checks and reads its inputs before it
+      // resizes its output. On the host CPU's kernel does both in its order
+      // (addr_ itself is checked before: Note [addr_ is in place by identity]).
       for (const Input& other : inputs_) {
         TORCH_CHECK(other.use == ArgUse::kWritten || other.group != inputs_[k].group, "its Meta kernel resized ",
             op_.schema().operator_name(), "'s out= argument ", device.sizes(), " to ", m.sizes(),
