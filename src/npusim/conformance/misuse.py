@@ -49,12 +49,6 @@ RANDOM_OPS = ("normal", "bernoulli", "multinomial", "uniform", "cauchy", "expone
               "nn.functional.alpha_dropout", "nn.functional.feature_alpha_dropout", "nn.functional.rrelu")
 
 
-# Divergences from CPU that are known and not a device failure, keyed by (kind, op) with why: reported as
-# "known", not as findings. None today: addr_ of a 0-dim self, the last, is refused as on CPU since fallback.cpp's
-# Note [addr_ is in place by identity].
-KNOWN: dict[tuple[str, str], str] = {}
-
-
 @dataclass
 class Finding:
     """A call npu handles otherwise than CPU: ``device failed`` or ``mismatch``."""
@@ -69,14 +63,12 @@ class Finding:
 @dataclass
 class Report:
     """Outcomes per (kind, outcome): ``refused`` (raised from the call as CPU does), ``ran`` (as CPU, values
-    equal), ``device failed``, ``mismatch``, ``known`` (a mismatch of KNOWN); and the findings."""
+    equal), ``device failed``, ``mismatch``; and the findings."""
 
     counts: Counter[tuple[str, str]] = field(default_factory=Counter)
     findings: list[Finding] = field(default_factory=list)
 
     def add(self, kind: str, outcome: str, finding: Finding | None = None) -> None:
-        if finding is not None and (kind, finding.op) in KNOWN and finding.verdict == "mismatch":
-            outcome, finding = "known", None
         self.counts[(kind, outcome)] += 1
         if finding is not None:
             self.findings.append(finding)
@@ -294,9 +286,9 @@ def sweep(kinds: Sequence[str] = KINDS, ops: Sequence[str] | None = None,
             for case in _error_input_cases(op):
                 _judge("error-inputs", case, report)
         supported = op.supported_dtypes("cpu")
+        sizes_outs = op.supports_out and ("out-dtype" in kinds or "overlap" in kinds)
         for dtype in (d for d in dtypes if d in supported):
             for sample in _samples(op, dtype, samples):
-                sizes_outs = op.supports_out and ("out-dtype" in kinds or "overlap" in kinds)
                 result = _cpu_result(op, sample) if sizes_outs else None
                 for kind, cases in (("out-dtype", _out_dtype_cases), ("in-place", _in_place_cases),
                                     ("overlap", _overlap_cases)):
