@@ -122,7 +122,7 @@ def test_in_place_ops_on_integer_and_bool_selves_raise_or_run_as_on_cpu() -> Non
 @pytest.mark.parametrize("as_a_task", [False, True], ids=["on the host", "as a task"])
 def test_addr_in_place_refuses_a_self_it_would_have_to_resize(as_a_task: bool) -> None:
     """addr_ is in place by the identity of addr_out's two arguments (Note [addr_ is in place by identity] in
-    csrc/aten/fallback.cpp): a self that is not 2-D or not of the outer product's shape raises CPU's own error
+    csrc/aten/fallback_routes.cpp): a self that is not 2-D or not of the outer product's shape raises CPU's own error
     and is left as it was, shape and values (before, npu expanded a 0-dim self and resized it to [3, 4] with
     PyTorch's resize warning); a self of the right shape gets CPU's values."""
     vec1, vec2 = torch.arange(1.0, 4.0), torch.arange(1.0, 5.0)

@@ -18,7 +18,6 @@
 
 #include <algorithm>
 #include <typeinfo>
-#include <utility>
 
 namespace npusim {
 
@@ -256,35 +255,6 @@ void npu_fallback(const c10::OperatorHandle& op, torch::jit::Stack* stack) {
   for (size_t i = stack->size() - num_returns; i < stack->size(); ++i) {
     (*stack)[i] = call.from_cpu((*stack)[i]);
   }
-}
-
-// Note [addr_ is in place by identity]
-// addr_ has no kernel of its own on any backend: its composite calls
-// at::addr_out(self, self, vec1, vec2), and the CPU and CUDA kernel of that
-// (build_addr_iter) tells an in-place call by the identity of its two Tensor
-// references (&result == &self). In place, self is not expanded, so it must
-// be 2-D and of the result's shape already ("2D tensor expected, got 0D
-// tensor for input", "size mismatch, input: [1, 4], v1: [3], v2: [4]").
-// npu's addr.out kernel is the boxed fallback, whose stack holds two copies
-// of the reference, so the identity was lost: self was expanded like an
-// out= call's input, and the result then resized it (PyTorch's deprecation
-// warning and a [3, 4] self, where CPU and CUDA raise; the misuse sweep of
-// issue 41). This kernel makes the in-place call's checks, in PyTorch 2.13's
-// order and with its messages, then the composite's call, which the checks
-// leave nothing to expand or resize. The kernel is registered with the
-// routes (route_structured_ops_to_fallback), after their scan: an op with an
-// npu kernel of its own keeps its family's composites, and addr and addr.out
-// must still run CPU's kernel, as CUDA runs it (Note [CPU's kernel, not the
-// composite]: the composite rounds fp16 and bf16 otherwise).
-at::Tensor& addr_in_place(at::Tensor& self, const at::Tensor& vec1, const at::Tensor& vec2, const at::Scalar& beta,
-    const at::Scalar& alpha) {
-  for (const auto& [vec, name] : {std::pair{&vec1, "vec1"}, std::pair{&vec2, "vec2"}}) {
-    TORCH_CHECK(vec->dim() == 1, "addr: Expected 1-D argument ", name, ", but got ", vec->dim(), "-D");
-  }
-  TORCH_CHECK(self.dim() == 2, "2D tensor expected, got ", self.dim(), "D tensor for input");
-  TORCH_CHECK(self.size(0) == vec1.size(0) && self.size(1) == vec2.size(0), "size mismatch, input: ",
-      self.sizes(), ", v1: ", vec1.sizes(), ", v2: ", vec2.sizes());
-  return at::addr_out(self, self, vec1, vec2, beta, alpha);
 }
 
 TORCH_LIBRARY_IMPL(aten, PrivateUse1, m) {

@@ -28,13 +28,9 @@ void npu_fallback(const c10::OperatorHandle& op, torch::jit::Stack* stack);
 // call's result. The _foreach_* ops, whose composite CPU runs too, get the
 // one-launch kernel (Note [A foreach op is one launch]). Returns the routed
 // ops' names ("aten::add.Tensor"), each with "unboxed", "boxed" or "foreach",
-// and aten::addr_ with "checked in place" (addr_in_place below).
+// and aten::addr_ with "checked in place" (Note [addr_ is in place by
+// identity]).
 std::map<std::string, std::string> route_structured_ops_to_fallback(
     const std::vector<std::string>& cuda_runs_the_composite);
-
-// npu's kernel of aten::addr_: the in-place call's checks, then the
-// composite's addr_out (Note [addr_ is in place by identity]).
-at::Tensor& addr_in_place(at::Tensor& self, const at::Tensor& vec1, const at::Tensor& vec2, const at::Scalar& beta,
-    const at::Scalar& alpha);
 
 }  // namespace npusim
